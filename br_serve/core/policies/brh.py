@@ -1,0 +1,128 @@
+"""BR-H: BalanceRoute with a short-horizon look-ahead (DESIGN section 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from br_serve.core.config import PolicyConfig
+from br_serve.core.fscore import HorizonScore, discount_weights, projected_loads
+from br_serve.core.pool import PromptPool
+from br_serve.core.predictor import SurvivesWindow, validate_prediction
+from br_serve.core.registry import PolicyContext, register
+from br_serve.core.tick import run_two_stage
+from br_serve.core.types import ClusterSnapshot, FloatArray, IntArray, TickResult
+
+
+class HorizonMargins:
+    """Projected loads ``L_g(h)``, envelope ``M(h)`` and margin vectors ``M - L_g``.
+
+    Scorers are cached per replica and dropped when an admission changes what they
+    depend on (the replica's own loads, or the envelope).
+    """
+
+    __slots__ = ("_cache", "alive", "alpha", "beta", "d", "h", "ld", "loads", "md", "s", "top")
+
+    def __init__(self, loads: FloatArray, alive: np.ndarray, d: FloatArray, alpha: float,
+                 beta: float) -> None:
+        self.loads = loads
+        self.alive = alive
+        self.d = d
+        self.s = float(d.sum())
+        self.alpha = alpha
+        self.beta = beta
+        self.h = np.arange(d.shape[0], dtype=np.float64)
+        self.top: FloatArray = (loads[alive].max(axis=0) if alive.any()
+                                else np.zeros(d.shape[0]))
+        self.ld: list[float] = (loads @ d).tolist()
+        self.md = float(self.top @ d)
+        self._cache: dict[int, HorizonScore] = {}
+
+    def key(self, g: int) -> float:
+        return (self.md - self.ld[g]) / self.s
+
+    def scorer(self, g: int) -> HorizonScore:
+        sc = self._cache.get(g)
+        if sc is None:
+            sc = HorizonScore(self.top - self.loads[g], self.d, self.alpha, self.beta)
+            self._cache[g] = sc
+        return sc
+
+    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
+        row = self.loads[g]
+        row += d_tokens + n_requests * self.h  # new requests grow like the others
+        self.ld[g] = float(row @ self.d)
+        if (row > self.top).any():
+            np.maximum(self.top, row, out=self.top)
+            self.md = float(self.top @ self.d)
+            self._cache.clear()
+        else:
+            self._cache.pop(g, None)
+
+
+class BRH:
+    """Two-stage tick over horizon margin vectors fed by a termination predictor.
+
+    A predictor that raises, returns a malformed answer, or answers later than
+    ``predictor_timeout_s`` (by the injected clock) is ignored for the tick: every
+    request is then projected to survive the window (the closed gate).
+    """
+
+    name = "brh"
+
+    def __init__(self, config: PolicyConfig, context: PolicyContext) -> None:
+        self.config = config
+        self.predictor = context.predictor or SurvivesWindow()
+        self.clock = context.clock
+        self.d = discount_weights(config.horizon, config.gamma)
+
+    def _end_steps(self, cluster: ClusterSnapshot) -> tuple[IntArray, bool]:
+        run = cluster.running
+        horizon = self.config.horizon
+        closed = np.full(len(run), horizon + 1, dtype=np.int64)
+        if len(run) == 0:
+            return closed, True
+        t0 = self.clock()
+        try:
+            pred = self.predictor.predict(run, horizon)
+            validate_prediction(pred, len(run))
+        except Exception:  # any predictor failure degrades to the closed gate
+            return closed, False
+        if self.clock() - t0 > self.config.predictor_timeout_s:
+            return closed, False
+        fin = np.asarray(pred.p_fin) >= self.config.gate
+        mu = np.nan_to_num(np.asarray(pred.mu_rem, dtype=np.float64), nan=horizon + 1.0)
+        ends = np.where(fin, np.ceil(np.clip(mu, 0, horizon + 1)), horizon + 1)
+        return ends.astype(np.int64), True
+
+    def projected(self, cluster: ClusterSnapshot) -> tuple[FloatArray, bool]:
+        """``(G, H+1)`` projected loads and whether the predictor answered usably."""
+        g, horizon = cluster.num_replicas, self.config.horizon
+        run = cluster.running
+        if len(run) == 0:
+            # No per-request detail: each replica's load survives and grows by its count.
+            h = np.arange(horizon + 1, dtype=np.float64)
+            loads = (cluster.load_tokens[:, None].astype(np.float64)
+                     + cluster.running_requests[:, None] * h[None, :])
+            return loads, True
+        ends, ok = self._end_steps(cluster)
+        return projected_loads(run.replica, run.prompt_tokens + run.decoded_tokens, ends,
+                               g, horizon), ok
+
+    def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
+                 tick: int) -> TickResult:
+        c = self.config
+        loads, ok = self.projected(cluster)
+        alive_g = int(cluster.alive.sum()) or 1
+        beta = float(alive_g) if c.beta is None else c.beta
+        model = HorizonMargins(loads, cluster.alive, self.d, c.alpha, beta)
+        res = run_two_stage(
+            cluster, pool, model,
+            s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
+            max_wait_s=c.max_wait_s, max_wait_ticks=c.max_wait_ticks, now_s=now_s, tick=tick)
+        if ok:
+            return res
+        return TickResult(res.assignments, res.stage1, res.stage2, res.guard, res.aged,
+                          predictor_ok=False)
+
+
+register("brh")(BRH)

@@ -1,0 +1,99 @@
+"""The prompt pool: prefilled requests waiting for a decode slot (late binding).
+
+Two orders are kept at once: arrival order (FCFS, for baselines and ``max_wait``
+ageing) and prompt-length order (for the bisection of the BR stages). The pool is the
+only mutable object here; policies read it and return assignments, and the owner (the
+simulator or the scheduler actor) removes what was assigned with :meth:`remove_many`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator
+
+from br_serve.core.types import Assignment, PoolRequest
+
+
+class PoolFullError(RuntimeError):
+    """The pool holds ``capacity`` requests already (backpressure: retry later)."""
+
+
+class PromptPool:
+    """Bounded pool of :class:`PoolRequest`, indexed by id, arrival and prompt length.
+
+    Invariants: ``sorted_sizes`` is ascending and ``sorted_ids[i]`` is the request whose
+    prompt has ``sorted_sizes[i]`` tokens; among equal sizes, earlier arrivals come
+    first; every id appears once.
+
+    Raises:
+        ValueError: ``capacity < 1``, a duplicate id, or a negative prompt length.
+        PoolFullError: adding to a full pool.
+    """
+
+    __slots__ = ("_by_id", "_capacity", "_ids", "_sizes")
+
+    def __init__(self, capacity: int = 65536) -> None:
+        if capacity < 1:
+            raise ValueError("capacity: must be >= 1")
+        self._capacity = capacity
+        self._by_id: dict[str, PoolRequest] = {}
+        self._sizes: list[int] = []
+        self._ids: list[str] = []
+
+    # -- reading -----------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def sorted_sizes(self) -> list[int]:
+        """Prompt lengths, ascending. Callers must not mutate the list."""
+        return self._sizes
+
+    @property
+    def sorted_ids(self) -> list[str]:
+        """Request ids parallel to :attr:`sorted_sizes`. Callers must not mutate."""
+        return self._ids
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._by_id
+
+    def get(self, request_id: str) -> PoolRequest:
+        return self._by_id[request_id]
+
+    def fcfs(self) -> Iterator[PoolRequest]:
+        """Requests in arrival (insertion) order."""
+        return iter(self._by_id.values())
+
+    def is_full(self) -> bool:
+        return len(self._by_id) >= self._capacity
+
+    # -- writing -----------------------------------------------------------------
+    def add(self, req: PoolRequest) -> None:
+        if req.request_id in self._by_id:
+            raise ValueError(f"request_id: {req.request_id!r} is already in the pool")
+        if req.prompt_tokens < 0:
+            raise ValueError("prompt_tokens: must be >= 0")
+        if len(self._by_id) >= self._capacity:
+            raise PoolFullError(f"prompt pool full ({self._capacity} requests)")
+        self._by_id[req.request_id] = req
+        pos = bisect_right(self._sizes, req.prompt_tokens)
+        self._sizes.insert(pos, req.prompt_tokens)
+        self._ids.insert(pos, req.request_id)
+
+    def remove(self, request_id: str) -> PoolRequest:
+        """Remove one request and return it. Raises KeyError if absent."""
+        req = self._by_id.pop(request_id)
+        lo = bisect_left(self._sizes, req.prompt_tokens)
+        hi = bisect_right(self._sizes, req.prompt_tokens, lo)
+        pos = self._ids.index(request_id, lo, hi)
+        del self._sizes[pos]
+        del self._ids[pos]
+        return req
+
+    def remove_many(self, assignments: Iterable[Assignment]) -> list[PoolRequest]:
+        """Remove every assigned request; returns them in assignment order."""
+        return [self.remove(a.request_id) for a in assignments]

@@ -1,0 +1,218 @@
+"""The two-stage BalanceRoute tick (DESIGN section 3), shared by BR-0 and BR-H.
+
+The tick works on a private copy of the replica totals and a "taken" set over the
+pool's prompt-sorted list; it never mutates the snapshot or the pool. What differs
+between BR-0 and BR-H is only the *margin model*: how a replica's F-score for a total
+prompt ``D`` is computed and how an admission updates loads. Both models implement
+:class:`MarginModel`.
+
+Order of a tick:
+1. ``max_wait`` ageing: requests older than ``max_wait_s`` or ``max_wait_ticks`` are
+   assigned first (oldest first), each to the feasible replica with the highest F.
+2. While free slots remain and the pool has requests: Stage 1 (``S_tot > S_greedy``,
+   one best single request to the replica with most free slots) or Stage 2 (best
+   subset of ``R_max`` candidates around the replica's peak; starvation guard).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+from functools import lru_cache
+from itertools import combinations
+from typing import Protocol
+
+import numpy as np
+
+from br_serve.core.pool import PromptPool
+from br_serve.core.types import Assignment, ClusterSnapshot, FloatArray, TickResult
+
+
+class Scorer(Protocol):
+    """F-score of one replica as a function of the admitted prompt total ``D``."""
+
+    peak: float
+
+    def __call__(self, d_tokens: float) -> float: ...
+
+    def many(self, d_tokens: FloatArray) -> FloatArray: ...
+
+
+class MarginModel(Protocol):
+    def key(self, g: int) -> float: ...
+
+    def scorer(self, g: int) -> Scorer: ...
+
+    def admit(self, g: int, d_tokens: float, n_requests: int) -> None: ...
+
+
+@lru_cache(maxsize=16)
+def subset_table(r: int) -> tuple[tuple[tuple[int, ...], ...], np.ndarray, np.ndarray]:
+    """All non-empty subsets of ``range(r)``: index tuples, a 0/1 matrix, their sizes."""
+    subsets = tuple(c for k in range(1, r + 1) for c in combinations(range(r), k))
+    mat = np.zeros((len(subsets), r))
+    for row, c in enumerate(subsets):
+        mat[row, list(c)] = 1.0
+    return subsets, mat, mat.sum(axis=1)
+
+
+class PoolCursor:
+    """Bisection over the prompt-sorted pool, skipping requests taken this tick."""
+
+    __slots__ = ("ids", "remaining", "sizes", "taken")
+
+    def __init__(self, pool: PromptPool) -> None:
+        self.sizes = pool.sorted_sizes
+        self.ids = pool.sorted_ids
+        self.taken: set[int] = set()
+        self.remaining = len(self.sizes)
+
+    def below(self, x: float, limit: float, k: int) -> list[int]:
+        """Up to ``k`` untaken indices with size ``<= min(x, limit)``, largest first."""
+        out: list[int] = []
+        pos = bisect_right(self.sizes, min(x, limit)) - 1
+        while pos >= 0 and len(out) < k:
+            if pos not in self.taken:
+                out.append(pos)
+            pos -= 1
+        return out
+
+    def above(self, x: float, limit: float, k: int) -> list[int]:
+        """Up to ``k`` untaken indices with ``x < size <= limit``, smallest first."""
+        out: list[int] = []
+        pos = bisect_right(self.sizes, x)
+        n = len(self.sizes)
+        while pos < n and len(out) < k and self.sizes[pos] <= limit:
+            if pos not in self.taken:
+                out.append(pos)
+            pos += 1
+        return out
+
+    def index_of(self, request_id: str, size: int) -> int:
+        lo = bisect_right(self.sizes, size - 1) if size > 0 else 0
+        return self.ids.index(request_id, lo)
+
+    def take(self, idx: int) -> None:
+        self.taken.add(idx)
+        self.remaining -= 1
+
+
+class _Work:
+    """Mutable per-tick copies of free slots and KV room (the tick's scratch state)."""
+
+    __slots__ = ("blocked", "cap", "kv_room", "s_tot")
+
+    def __init__(self, cluster: ClusterSnapshot) -> None:
+        self.cap: list[int] = cluster.free_slots.tolist()
+        self.kv_room: list[int] = (cluster.kv_limit_tokens - cluster.load_tokens).tolist()
+        self.blocked: set[int] = set()
+        self.s_tot = sum(self.cap)
+
+    def open_replicas(self) -> list[int]:
+        return [g for g, c in enumerate(self.cap) if c > 0 and g not in self.blocked]
+
+    def use(self, g: int, n: int, d_tokens: int) -> None:
+        self.cap[g] -= n
+        self.kv_room[g] -= d_tokens
+        self.s_tot -= n
+
+
+def _best_replica(work: _Work, model: MarginModel) -> int | None:
+    best, best_key = None, (-1, -np.inf)
+    for g in work.open_replicas():
+        k = (work.cap[g], model.key(g))
+        if k > best_key:
+            best, best_key = g, k
+    return best
+
+
+def run_two_stage(
+    cluster: ClusterSnapshot,
+    pool: PromptPool,
+    model: MarginModel,
+    *,
+    s_greedy: int,
+    r_max: int,
+    max_wait_s: float,
+    max_wait_ticks: int,
+    now_s: float,
+    tick: int,
+) -> TickResult:
+    """One tick of BR-0 / BR-H over ``model``; see the module docstring for the order."""
+    work = _Work(cluster)
+    cur = PoolCursor(pool)
+    out: list[Assignment] = []
+    counts = {"stage1": 0, "stage2": 0, "guard": 0, "aged": 0}
+
+    def assign(g: int, idxs: list[int], stage: str) -> None:
+        d = 0
+        for i in idxs:
+            cur.take(i)
+            s = cur.sizes[i]
+            d += s
+            out.append(Assignment(cur.ids[i], g, s))
+        work.use(g, len(idxs), d)
+        model.admit(g, float(d), len(idxs))
+        counts[stage] += len(idxs)
+
+    # 1. ageing: oldest first, each to the feasible replica with the highest F.
+    for req in pool.fcfs():
+        if work.s_tot <= 0:
+            break
+        if now_s - req.enqueued_s < max_wait_s and tick - req.enqueued_tick < max_wait_ticks:
+            break  # the pool is in arrival order: nobody after this one is older
+        s = req.prompt_tokens
+        cands = [g for g in work.open_replicas() if work.kv_room[g] >= s]
+        if not cands:
+            continue
+        g = max(cands, key=lambda r: model.scorer(r)(float(s)))
+        assign(g, [cur.index_of(req.request_id, s)], "aged")
+
+    # 2. the two stages.
+    while work.s_tot > 0 and cur.remaining > 0:
+        g = _best_replica(work, model)
+        if g is None:
+            break
+        sc = model.scorer(g)
+        room = work.kv_room[g]
+        if work.s_tot > s_greedy:
+            cands = cur.below(sc.peak, room, 1) + cur.above(sc.peak, room, 1)
+            if not cands:
+                work.blocked.add(g)  # nothing left fits this replica's KV room
+                continue
+            best = max(cands, key=lambda i: sc(float(cur.sizes[i])))
+            assign(g, [best], "stage1")
+            continue
+        cands = cur.below(sc.peak, room, r_max)
+        if len(cands) < r_max:
+            cands += cur.above(sc.peak, room, r_max - len(cands))
+        if not cands:
+            work.blocked.add(g)
+            continue
+        chosen, guarded = _best_subset(cands, cur.sizes, sc, min(work.cap[g], r_max), room)
+        assign(g, chosen, "guard" if guarded else "stage2")
+
+    return TickResult(assignments=tuple(out), **counts)
+
+
+def _best_subset(cands: list[int], sizes: list[int], sc: Scorer, max_n: int,
+                 room: int) -> tuple[list[int], bool]:
+    """Subset of ``cands`` maximising F under size and KV limits; guard if F <= 0.
+
+    Returns the chosen pool indices and whether the starvation guard picked them.
+    Singletons always fit (callers only pass candidates that fit ``room``).
+    """
+    r = len(cands)
+    subsets, mat, nsz = subset_table(r)
+    c = np.array([sizes[i] for i in cands], dtype=np.float64)
+    d = mat @ c
+    f = sc.many(d)
+    f[(nsz > max_n) | (d > room)] = -np.inf
+    k = int(np.argmax(f))
+    if f[k] > 0:
+        return [cands[j] for j in subsets[k]], False
+    singles = f[:r]  # the first r rows of the table are the singletons
+    return [cands[int(np.argmax(singles))]], True
+
+
+ModelFactory = Callable[[ClusterSnapshot], MarginModel]
