@@ -1,0 +1,54 @@
+"""``br-serve`` command line: one entry point, subcommands contributed by modules.
+
+Each module in :data:`COMMAND_MODULES` exposes ``register(subparsers)``, which adds its
+subcommands and sets ``func`` (a callable taking the parsed namespace and returning an
+exit code). Modules must keep heavy imports (ray, torch) inside their functions so
+that ``br-serve --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMAND_MODULES = (
+    "br_serve.bench.tick",  # bench-tick
+    "br_serve.sim.cli",  # sim
+    "predictors.cli",  # train-predictor, eval-predictor
+    "br_serve.serve.cli",  # serve / demo / bench-serve
+    "br_serve.engine.cli",  # bench-kv
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="br-serve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for mod_name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and mod_name.startswith(exc.name):
+                continue  # that part of the product is not installed in this checkout
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError) as exc:
+        # Bad input: a one-line message naming the problem, no traceback.
+        print(f"br-serve {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

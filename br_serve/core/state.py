@@ -1,0 +1,190 @@
+"""Mutable cluster state: the one place where replica loads change.
+
+The simulator drives it directly; the scheduler actor keeps one as its mirror of the
+decode replicas (rebuilt from their reports). Storage is a ``(G, B)`` grid of slots
+held in numpy arrays, so stepping and snapshotting are vectorised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from br_serve.core.types import (
+    UNLIMITED_TOKENS,
+    Assignment,
+    ClusterSnapshot,
+    IntArray,
+    PoolRequest,
+    RunningRequests,
+)
+
+
+class ClusterState:
+    """``G`` replicas with ``slots`` each, their running requests and their loads.
+
+    Invariants: a request id occupies at most one slot; replica ``g`` never holds more
+    than ``slots[g]`` requests; ``load(g) = sum(prompt + decoded)`` over its slots.
+
+    Raises:
+        ValueError: bad sizes at construction; admitting to a full or dead replica, an
+            unknown replica, or an id already running.
+        KeyError: finishing an id that is not running.
+    """
+
+    def __init__(
+        self,
+        replicas: int,
+        slots: int | npt.ArrayLike,
+        kv_limit_tokens: int | npt.ArrayLike | None = None,
+        step_a_s_per_token: float | npt.ArrayLike = 5e-7,
+        step_b_s: float | npt.ArrayLike = 0.03,
+    ) -> None:
+        if replicas < 1:
+            raise ValueError("replicas: must be >= 1")
+        self.g = replicas
+        self.slots: IntArray = np.broadcast_to(np.asarray(slots, dtype=np.int64),
+                                               (replicas,)).copy()
+        if (self.slots < 1).any():
+            raise ValueError("slots: must be >= 1")
+        lim = UNLIMITED_TOKENS if kv_limit_tokens is None else kv_limit_tokens
+        self.kv_limit: IntArray = np.broadcast_to(np.asarray(lim, dtype=np.int64),
+                                                  (replicas,)).copy()
+        self.step_a = np.broadcast_to(np.asarray(step_a_s_per_token, dtype=np.float64),
+                                      (replicas,)).copy()
+        self.step_b = np.broadcast_to(np.asarray(step_b_s, dtype=np.float64),
+                                      (replicas,)).copy()
+        self.alive = np.ones(replicas, dtype=bool)
+        b = int(self.slots.max())
+        shape = (replicas, b)
+        self.occupied = np.zeros(shape, dtype=bool)
+        self.prompt = np.zeros(shape, dtype=np.int64)
+        self.decoded = np.zeros(shape, dtype=np.int64)
+        self.arrival = np.zeros(shape, dtype=np.float64)
+        self.prefix = np.full(shape, -1, dtype=np.int64)
+        #: true total output, -1 when unknown (only the simulator knows it)
+        self.target = np.full(shape, -1, dtype=np.int64)
+        self.ids: list[list[str | None]] = [[None] * b for _ in range(replicas)]
+        self.hash_ids: dict[str, tuple[int, ...] | None] = {}
+        self._where: dict[str, tuple[int, int]] = {}
+
+    # -- queries -------------------------------------------------------------------
+    def load_tokens(self) -> IntArray:
+        out: IntArray = ((self.prompt + self.decoded) * self.occupied).sum(axis=1)
+        return out
+
+    def running_requests(self) -> IntArray:
+        out: IntArray = self.occupied.sum(axis=1)
+        return out
+
+    def free_slots(self) -> IntArray:
+        out: IntArray = np.where(self.alive, self.slots - self.running_requests(), 0)
+        return out
+
+    def where(self, request_id: str) -> tuple[int, int]:
+        return self._where[request_id]
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def snapshot(self, detail: bool = True, oracle: bool = False) -> ClusterSnapshot:
+        """Freeze the current state for a policy.
+
+        ``detail`` adds the per-request rows BR-H needs; ``oracle`` also attaches the
+        true remaining steps (only meaningful where ``target`` was given).
+        """
+        running = None
+        if detail:
+            gi, si = np.nonzero(self.occupied)
+            ids = tuple(str(self.ids[g][s]) for g, s in zip(gi.tolist(), si.tolist(),
+                                                             strict=True))
+            rem = None
+            if oracle:
+                rem = np.maximum(self.target[gi, si] - self.decoded[gi, si], 0)
+            running = RunningRequests.build(
+                gi, self.prompt[gi, si], self.decoded[gi, si], self.arrival[gi, si],
+                self.prefix[gi, si], request_ids=ids,
+                hash_ids=tuple(self.hash_ids.get(i) for i in ids),
+                true_remaining_steps=rem)
+        return ClusterSnapshot.build(
+            self.load_tokens(), self.running_requests(), self.slots, self.kv_limit,
+            self.alive, self.step_a, self.step_b, running)
+
+    # -- changes -------------------------------------------------------------------
+    def admit(self, assignment: Assignment, request: PoolRequest | None = None,
+              output_tokens: int = -1, decoded_tokens: int = 0) -> None:
+        """Place one assigned request in a free slot of its replica."""
+        g = assignment.replica
+        if not 0 <= g < self.g:
+            raise ValueError(f"replica: {g} out of range [0, {self.g})")
+        if not self.alive[g]:
+            raise ValueError(f"replica: {g} is not alive")
+        rid = assignment.request_id
+        if rid in self._where:
+            raise ValueError(f"request_id: {rid!r} is already running")
+        free = np.flatnonzero(~self.occupied[g, : self.slots[g]])
+        if free.size == 0:
+            raise ValueError(f"replica: {g} has no free slot")
+        s = int(free[0])
+        self.occupied[g, s] = True
+        self.prompt[g, s] = assignment.prompt_tokens
+        self.decoded[g, s] = decoded_tokens
+        self.target[g, s] = output_tokens
+        self.arrival[g, s] = request.arrival_s if request else 0.0
+        ph = request.prefix_hash if request else None
+        self.prefix[g, s] = -1 if ph is None else ph
+        self.ids[g][s] = rid
+        self.hash_ids[rid] = request.hash_ids if request else None
+        self._where[rid] = (g, s)
+
+    def admit_many(self, assignments: Iterable[Assignment],
+                   requests: Iterable[PoolRequest] | None = None) -> None:
+        reqs = list(requests) if requests is not None else None
+        for k, a in enumerate(assignments):
+            self.admit(a, reqs[k] if reqs is not None else None)
+
+    def advance(self, steps: int = 1) -> None:
+        """Every running request decodes ``steps`` more tokens."""
+        self.decoded += self.occupied * steps
+
+    def set_decoded(self, request_id: str, decoded_tokens: int) -> None:
+        g, s = self._where[request_id]
+        self.decoded[g, s] = decoded_tokens
+
+    def finish(self, request_id: str) -> tuple[int, int]:
+        """Free the slot of ``request_id``; returns ``(prompt, decoded)`` tokens."""
+        g, s = self._where.pop(request_id)
+        out = int(self.prompt[g, s]), int(self.decoded[g, s])
+        self.occupied[g, s] = False
+        self.prompt[g, s] = self.decoded[g, s] = 0
+        self.target[g, s] = -1
+        self.prefix[g, s] = -1
+        self.ids[g][s] = None
+        self.hash_ids.pop(request_id, None)
+        return out
+
+    def finished_by_target(self) -> list[str]:
+        """Ids whose decoded count reached their known target output."""
+        gi, si = np.nonzero(self.occupied & (self.target >= 0) & (self.decoded >= self.target))
+        return [str(self.ids[g][s]) for g, s in zip(gi.tolist(), si.tolist(), strict=True)]
+
+    def set_alive(self, replica: int, alive: bool) -> list[str]:
+        """Mark a replica dead or alive. Killing it evicts and returns its request ids."""
+        self.alive[replica] = alive
+        if alive:
+            return []
+        evicted = [i for i in self.ids[replica] if i is not None]
+        for rid in evicted:
+            self.finish(rid)
+        return evicted
+
+    def step_time_s(self, n_scale_c_s: float = 0.0) -> float:
+        """Barrier step time ``max_g (a_g L_g + c N_g + b_g)`` over alive replicas."""
+        per = (self.step_a * self.load_tokens() + n_scale_c_s * self.running_requests()
+               + self.step_b)
+        return float(per[self.alive].max()) if self.alive.any() else 0.0
