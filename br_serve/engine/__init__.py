@@ -1,0 +1,1 @@
+"""Decode/prefill engines behind one interface (:mod:`br_serve.engine.base`)."""

@@ -1,0 +1,1 @@
+"""KV-cache transports behind one interface (:mod:`br_serve.transport.base`)."""
