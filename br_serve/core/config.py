@@ -58,7 +58,7 @@ class PolicyConfig(BaseModel):
 
 
 def parse_policy_config(data: Mapping[str, Any] | PolicyConfig | None = None,
-                        **overrides: Any) -> PolicyConfig:
+                        /, **overrides: Any) -> PolicyConfig:
     """Build a :class:`PolicyConfig`, turning pydantic errors into :class:`ConfigError`.
 
     Raises:

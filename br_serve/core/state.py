@@ -104,8 +104,10 @@ class ClusterState:
             ids = tuple(str(self.ids[g][s]) for g, s in zip(gi.tolist(), si.tolist(),
                                                              strict=True))
             rem = None
-            if oracle:
-                rem = np.maximum(self.target[gi, si] - self.decoded[gi, si], 0)
+            if oracle:  # unknown targets (-1) never finish as far as the oracle knows
+                tgt = self.target[gi, si]
+                rem = np.where(tgt >= 0, np.maximum(tgt - self.decoded[gi, si], 0),
+                               UNLIMITED_TOKENS)
             running = RunningRequests.build(
                 gi, self.prompt[gi, si], self.decoded[gi, si], self.arrival[gi, si],
                 self.prefix[gi, si], request_ids=ids,

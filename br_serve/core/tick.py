@@ -142,7 +142,7 @@ def run_two_stage(
     work = _Work(cluster)
     cur = PoolCursor(pool)
     out: list[Assignment] = []
-    counts = {"stage1": 0, "stage2": 0, "guard": 0, "aged": 0}
+    counts = dict.fromkeys(("stage1", "stage2", "guard", "aged"), 0)
 
     def assign(g: int, idxs: list[int], stage: str) -> None:
         d = 0
@@ -165,8 +165,8 @@ def run_two_stage(
         cands = [g for g in work.open_replicas() if work.kv_room[g] >= s]
         if not cands:
             continue
-        g = max(cands, key=lambda r: model.scorer(r)(float(s)))
-        assign(g, [cur.index_of(req.request_id, s)], "aged")
+        best_g = max(cands, key=lambda r: model.scorer(r)(float(s)))
+        assign(best_g, [cur.index_of(req.request_id, s)], "aged")
 
     # 2. the two stages.
     while work.s_tot > 0 and cur.remaining > 0:
@@ -192,7 +192,8 @@ def run_two_stage(
         chosen, guarded = _best_subset(cands, cur.sizes, sc, min(work.cap[g], r_max), room)
         assign(g, chosen, "guard" if guarded else "stage2")
 
-    return TickResult(assignments=tuple(out), **counts)
+    return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
+                      counts["aged"])
 
 
 def _best_subset(cands: list[int], sizes: list[int], sc: Scorer, max_n: int,

@@ -8,6 +8,7 @@ Units are in the names: ``_tokens`` for KV tokens, ``_s`` for seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -20,8 +21,8 @@ BoolArray = npt.NDArray[np.bool_]
 UNLIMITED_TOKENS = np.iinfo(np.int64).max // 4
 
 
-def _frozen(a: npt.ArrayLike, dtype: type) -> npt.NDArray[np.generic]:
-    arr = np.array(a, dtype=dtype, copy=True)
+def _frozen(a: npt.ArrayLike, dtype: type) -> npt.NDArray[Any]:
+    arr: npt.NDArray[Any] = np.array(a, dtype=dtype, copy=True)
     arr.flags.writeable = False
     return arr
 
@@ -76,11 +77,11 @@ class RunningRequests:
     def empty() -> RunningRequests:
         z = _frozen([], np.int64)
         return RunningRequests(
-            replica=z,  # type: ignore[arg-type]
-            prompt_tokens=z,  # type: ignore[arg-type]
-            decoded_tokens=z,  # type: ignore[arg-type]
-            arrival_s=_frozen([], np.float64),  # type: ignore[arg-type]
-            prefix_hash=z,  # type: ignore[arg-type]
+            replica=z,
+            prompt_tokens=z,
+            decoded_tokens=z,
+            arrival_s=_frozen([], np.float64),
+            prefix_hash=z,
         )
 
     @staticmethod
@@ -117,14 +118,14 @@ class RunningRequests:
         if n and (pt.min() < 0 or dt.min() < 0):
             raise ValueError("running: token counts must be >= 0")
         return RunningRequests(
-            replica=rep,  # type: ignore[arg-type]
-            prompt_tokens=pt,  # type: ignore[arg-type]
-            decoded_tokens=dt,  # type: ignore[arg-type]
-            arrival_s=arr,  # type: ignore[arg-type]
-            prefix_hash=ph,  # type: ignore[arg-type]
+            replica=rep,
+            prompt_tokens=pt,
+            decoded_tokens=dt,
+            arrival_s=arr,
+            prefix_hash=ph,
             request_ids=request_ids,
             hash_ids=hash_ids,
-            true_remaining_steps=tr,  # type: ignore[arg-type]
+            true_remaining_steps=tr,
         )
 
     def __len__(self) -> int:
@@ -182,17 +183,17 @@ class ClusterSnapshot:
         if load.ndim != 1 or g < 1:
             raise ValueError("load_tokens: need a 1-D array with at least one replica")
 
-        def bcast(name: str, v: npt.ArrayLike | float | None, default: float, dt: type
-                  ) -> npt.NDArray[np.generic]:
-            arr = np.broadcast_to(np.asarray(default if v is None else v, dtype=dt), (g,))
-            return _frozen(arr, dt)
+        def bcast(v: npt.ArrayLike | float | None, default: float, dt: type
+                  ) -> npt.NDArray[Any]:
+            val: npt.NDArray[Any] = np.asarray(default if v is None else v, dtype=dt)
+            return _frozen(np.broadcast_to(val, (g,)), dt)
 
         run = _frozen(running_requests, np.int64)
-        sl = bcast("slots", slots, 0, np.int64)
-        kv = bcast("kv_limit_tokens", kv_limit_tokens, float(UNLIMITED_TOKENS), np.int64)
-        al = bcast("alive", alive, True, np.bool_)
-        a = bcast("step_a_s_per_token", step_a_s_per_token, 5e-7, np.float64)
-        b = bcast("step_b_s", step_b_s, 0.03, np.float64)
+        sl = bcast(slots, 0, np.int64)
+        kv = bcast(kv_limit_tokens, float(UNLIMITED_TOKENS), np.int64)
+        al = bcast(alive, True, np.bool_)
+        a = bcast(step_a_s_per_token, 5e-7, np.float64)
+        b = bcast(step_b_s, 0.03, np.float64)
         if run.shape != (g,):
             raise ValueError(f"running_requests: shape {run.shape}, expected ({g},)")
         if (load < 0).any():
@@ -204,13 +205,13 @@ class ClusterSnapshot:
         if (kv < 1).any():
             raise ValueError("kv_limit_tokens: must be >= 1")
         return ClusterSnapshot(
-            load_tokens=load,  # type: ignore[arg-type]
-            running_requests=run,  # type: ignore[arg-type]
-            slots=sl,  # type: ignore[arg-type]
-            kv_limit_tokens=kv,  # type: ignore[arg-type]
-            alive=al,  # type: ignore[arg-type]
-            step_a_s_per_token=a,  # type: ignore[arg-type]
-            step_b_s=b,  # type: ignore[arg-type]
+            load_tokens=load,
+            running_requests=run,
+            slots=sl,
+            kv_limit_tokens=kv,
+            alive=al,
+            step_a_s_per_token=a,
+            step_b_s=b,
             running=RunningRequests.empty() if running is None else running,
         )
 

@@ -19,7 +19,7 @@ class Ledger:
     ``inflight[g]`` counts requests admitted to ``g`` during this tick.
     """
 
-    __slots__ = ("cap", "inflight", "kv_limit", "kv_room", "loads", "running")
+    __slots__ = ("alive", "cap", "inflight", "kv_limit", "kv_room", "loads", "running")
 
     def __init__(self, cluster: ClusterSnapshot) -> None:
         self.loads: list[int] = cluster.load_tokens.tolist()
@@ -28,6 +28,10 @@ class Ledger:
         self.kv_limit: list[int] = cluster.kv_limit_tokens.tolist()
         self.kv_room = [k - x for k, x in zip(self.kv_limit, self.loads, strict=True)]
         self.inflight = [0] * len(self.loads)
+        self.alive: list[bool] = cluster.alive.tolist()
+
+    def max_alive_load(self) -> int:
+        return max((x for x, a in zip(self.loads, self.alive, strict=True) if a), default=0)
 
     def feasible(self, prompt_tokens: int) -> list[int]:
         return [g for g, c in enumerate(self.cap) if c > 0 and self.kv_room[g] >= prompt_tokens]

@@ -62,6 +62,6 @@ class MinMax(_Base):
     name = "min_max"
 
     def choose(self, req: PoolRequest, feasible: list[int], led: Ledger) -> int:
-        top = max(led.loads)
+        top = led.max_alive_load()
         s = req.prompt_tokens
         return min(feasible, key=lambda g: (max(top, led.loads[g] + s), led.loads[g], g))
