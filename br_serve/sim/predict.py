@@ -6,6 +6,8 @@ installed; otherwise only the core's built-ins are available (``survives``, ``or
 
 from __future__ import annotations
 
+import importlib
+
 from br_serve.core import OracleHook, SurvivesWindow, TerminationPredictor
 from br_serve.sim.config import SimConfig
 
@@ -21,8 +23,8 @@ def build_predictor(config: SimConfig) -> TerminationPredictor | None:
     if name is None:
         return None
     try:
-        from predictors import make_predictor
-    except ImportError:
+        make_predictor = importlib.import_module("predictors").make_predictor
+    except (ImportError, AttributeError):
         builtin: dict[str, type[SurvivesWindow] | type[OracleHook]] = {
             "survives": SurvivesWindow, "oracle": OracleHook}
         if name not in builtin:

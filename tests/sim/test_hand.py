@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -9,8 +11,9 @@ from br_serve.sim import SimConfig, simulate
 from br_serve.traces import Trace
 
 # a = 1 ms/token, b = 10 ms, c = 0; prefill free (delivered at arrival).
-CFG = dict(policy="jsq", replicas=2, slots=1, step_a_s_per_token=1e-3, step_b_s=0.01,
-           prefill_instances=1, prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
+CFG: dict[str, Any] = dict(
+    policy="jsq", replicas=2, slots=1, step_a_s_per_token=1e-3, step_b_s=0.01,
+    prefill_instances=1, prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
 
 
 def _trace() -> Trace:
