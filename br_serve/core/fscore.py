@@ -7,7 +7,8 @@ admitted to replica ``g``.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,15 @@ def discount_weights(horizon: int, gamma: float) -> FloatArray:
     return np.power(gamma, np.arange(horizon + 1, dtype=np.float64))
 
 
+@lru_cache(maxsize=64)
+def _count_prefix_cached(n: int) -> tuple[float, ...]:
+    return tuple(float(i) for i in range(n + 1))
+
+
+def _count_prefix(n: int) -> list[float]:
+    return list(_count_prefix_cached(n))
+
+
 class HorizonScore:
     """``F(D) = alpha*(1'd)*D - beta*(D*1 - m)_+'d`` for one margin vector ``m``.
 
@@ -41,20 +51,28 @@ class HorizonScore:
 
     __slots__ = ("_a", "_beta", "_cw", "_cwm", "_m", "peak")
 
-    def __init__(self, margins: FloatArray, d: FloatArray, alpha: float, beta: float) -> None:
-        order = np.argsort(margins, kind="stable")
-        m = margins[order]
-        w = d[order]
+    def __init__(self, margins: FloatArray, d: FloatArray, alpha: float, beta: float,
+                 uniform: bool = False) -> None:
+        # ``uniform`` (gamma == 1, every d_h == 1): np.sort instead of argsort and the
+        # weight prefix sums are just 0, 1, 2, ...; the tick builds one of these per
+        # decision, so the constant factor matters.
+        if uniform:
+            m = np.sort(margins)
+            self._cw: list[float] = _count_prefix(m.shape[0])
+            self._cwm: list[float] = [0.0, *np.cumsum(m).tolist()]
+        else:
+            order = np.argsort(margins, kind="stable")
+            m = margins[order]
+            w = d[order]
+            # prefix sums with a leading zero: _cw[j] = weight of the j smallest margins
+            self._cw = [0.0, *np.cumsum(w).tolist()]
+            self._cwm = [0.0, *np.cumsum(w * m).tolist()]
         self._m: list[float] = m.tolist()
-        # prefix sums with a leading zero: _cw[j] = sum of w over the j smallest margins
-        self._cw: list[float] = [0.0, *np.cumsum(w).tolist()]
-        self._cwm: list[float] = [0.0, *np.cumsum(w * m).tolist()]
-        self._a = alpha * float(d.sum())
+        self._a = alpha * (float(m.shape[0]) if uniform else float(d.sum()))
         self._beta = beta
         # Concave, piecewise linear: slope just past the j-th smallest margin is
         # a - beta*cw[j+1]; the maximiser is the first breakpoint where it turns <= 0.
-        thresh = self._a / beta
-        j = int(np.searchsorted(np.asarray(self._cw[1:]), thresh - 1e-12, side="left"))
+        j = bisect_left(self._cw, self._a / beta - 1e-12, 1) - 1
         self.peak: float = self._m[j] if j < len(self._m) else float("inf")
 
     def __call__(self, d_tokens: float) -> float:
@@ -74,26 +92,34 @@ class HorizonScore:
 def projected_loads(
     replica: IntArray,
     weight_tokens: IntArray,
-    end_step: IntArray,
+    end_step: IntArray | None,
     replicas: int,
     horizon: int,
 ) -> FloatArray:
     """``L_g(h) = sum_{i on g, h < end_i} (w_i + h)`` for ``h = 0..H``, shape ``(G, H+1)``.
 
-    ``end_step[i]`` is the first step at which request ``i`` no longer runs (clipped to
-    ``H + 1`` for "survives the window"). Built with difference arrays and one
-    ``bincount`` per term, so it costs O(n + G*H) with no per-request Python loop.
+    ``end_step[i]`` is the first step at which request ``i`` no longer runs; values
+    above ``H`` (or ``end_step=None`` for all) mean "survives the window". Survivors
+    contribute ``W_g + N_g*h`` in closed form; only in-window finishers go through
+    difference arrays, so the common closed-gate case costs two ``bincount`` calls and
+    there is no per-request Python loop either way.
     """
+    h = np.arange(horizon + 1, dtype=np.float64)
+    w = weight_tokens.astype(np.float64)
+    if end_step is None or bool((end_step > horizon).all()):
+        sw = np.bincount(replica, weights=w, minlength=replicas)
+        sn = np.bincount(replica, minlength=replicas).astype(np.float64)
+        out: FloatArray = sw[:, None] + sn[:, None] * h[None, :]
+        return out
+    assert end_step is not None
     width = horizon + 2
     end = np.clip(end_step, 0, horizon + 1)
     base = replica * width
     n_bins = replicas * width
-    w = weight_tokens.astype(np.float64)
     dw = np.bincount(base, weights=w, minlength=n_bins) - np.bincount(
         base + end, weights=w, minlength=n_bins)
     dn = np.bincount(base, minlength=n_bins) - np.bincount(base + end, minlength=n_bins)
     sum_w = np.cumsum(dw.reshape(replicas, width), axis=1)[:, : horizon + 1]
     count = np.cumsum(dn.reshape(replicas, width), axis=1)[:, : horizon + 1]
-    h = np.arange(horizon + 1, dtype=np.float64)
-    out: FloatArray = sum_w + count * h
+    out = sum_w + count * h
     return out

@@ -101,7 +101,7 @@ def validate_prediction(pred: Prediction, n: int) -> None:
     p, mu = np.asarray(pred.p_fin), np.asarray(pred.mu_rem)
     if p.shape != (n,) or mu.shape != (n,):
         raise ValueError(f"prediction: shapes {p.shape}/{mu.shape}, expected ({n},)")
-    if n and (not np.isfinite(p).all() or p.min() < 0.0 or p.max() > 1.0):
+    if not ((p >= 0.0) & (p <= 1.0)).all():  # NaN fails both comparisons
         raise ValueError("prediction: p_fin must lie in [0, 1]")
-    if n and not np.isfinite(mu[p > 0]).all():
+    if not np.isfinite(mu[p > 0]).all():
         raise ValueError("prediction: mu_rem must be finite where p_fin > 0")

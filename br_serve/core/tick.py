@@ -18,11 +18,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable
-from functools import lru_cache
-from itertools import combinations
+from heapq import heapify, heappop, heappush
 from typing import Protocol
-
-import numpy as np
 
 from br_serve.core.pool import PromptPool
 from br_serve.core.types import Assignment, ClusterSnapshot, FloatArray, TickResult
@@ -39,21 +36,18 @@ class Scorer(Protocol):
 
 
 class MarginModel(Protocol):
-    def key(self, g: int) -> float: ...
+    """How BR-0 / BR-H see the replicas during one tick.
+
+    ``rank(g)`` orders replicas with equal free slots (larger first: the larger
+    margin). It must depend on ``g``'s own state only, so a replica's rank stays valid
+    while others are admitted (the envelope ``M`` is common to all margins).
+    """
+
+    def rank(self, g: int) -> float: ...
 
     def scorer(self, g: int) -> Scorer: ...
 
     def admit(self, g: int, d_tokens: float, n_requests: int) -> None: ...
-
-
-@lru_cache(maxsize=16)
-def subset_table(r: int) -> tuple[tuple[tuple[int, ...], ...], np.ndarray, np.ndarray]:
-    """All non-empty subsets of ``range(r)``: index tuples, a 0/1 matrix, their sizes."""
-    subsets = tuple(c for k in range(1, r + 1) for c in combinations(range(r), k))
-    mat = np.zeros((len(subsets), r))
-    for row, c in enumerate(subsets):
-        mat[row, list(c)] = 1.0
-    return subsets, mat, mat.sum(axis=1)
 
 
 class PoolCursor:
@@ -100,30 +94,20 @@ class PoolCursor:
 class _Work:
     """Mutable per-tick copies of free slots and KV room (the tick's scratch state)."""
 
-    __slots__ = ("blocked", "cap", "kv_room", "s_tot")
+    __slots__ = ("cap", "kv_room", "s_tot")
 
     def __init__(self, cluster: ClusterSnapshot) -> None:
         self.cap: list[int] = cluster.free_slots.tolist()
         self.kv_room: list[int] = (cluster.kv_limit_tokens - cluster.load_tokens).tolist()
-        self.blocked: set[int] = set()
         self.s_tot = sum(self.cap)
 
     def open_replicas(self) -> list[int]:
-        return [g for g, c in enumerate(self.cap) if c > 0 and g not in self.blocked]
+        return [g for g, c in enumerate(self.cap) if c > 0]
 
     def use(self, g: int, n: int, d_tokens: int) -> None:
         self.cap[g] -= n
         self.kv_room[g] -= d_tokens
         self.s_tot -= n
-
-
-def _best_replica(work: _Work, model: MarginModel) -> int | None:
-    best, best_key = None, (-1, -np.inf)
-    for g in work.open_replicas():
-        k = (work.cap[g], model.key(g))
-        if k > best_key:
-            best, best_key = g, k
-    return best
 
 
 def run_two_stage(
@@ -168,29 +152,30 @@ def run_two_stage(
         best_g = max(cands, key=lambda r: model.scorer(r)(float(s)))
         assign(best_g, [cur.index_of(req.request_id, s)], "aged")
 
-    # 2. the two stages.
-    while work.s_tot > 0 and cur.remaining > 0:
-        g = _best_replica(work, model)
-        if g is None:
-            break
+    # 2. the two stages. Replicas in a heap keyed by (free slots, rank), largest first.
+    heap = [(-c, -model.rank(g), g) for g, c in enumerate(work.cap) if c > 0]
+    heapify(heap)
+    while heap and cur.remaining > 0:
+        g = heappop(heap)[2]
         sc = model.scorer(g)
         room = work.kv_room[g]
         if work.s_tot > s_greedy:
             cands = cur.below(sc.peak, room, 1) + cur.above(sc.peak, room, 1)
             if not cands:
-                work.blocked.add(g)  # nothing left fits this replica's KV room
-                continue
+                continue  # nothing left fits this replica's KV room: drop it
             best = max(cands, key=lambda i: sc(float(cur.sizes[i])))
             assign(g, [best], "stage1")
-            continue
-        cands = cur.below(sc.peak, room, r_max)
-        if len(cands) < r_max:
-            cands += cur.above(sc.peak, room, r_max - len(cands))
-        if not cands:
-            work.blocked.add(g)
-            continue
-        chosen, guarded = _best_subset(cands, cur.sizes, sc, min(work.cap[g], r_max), room)
-        assign(g, chosen, "guard" if guarded else "stage2")
+        else:
+            cands = cur.below(sc.peak, room, r_max)
+            if len(cands) < r_max:
+                cands += cur.above(sc.peak, room, r_max - len(cands))
+            if not cands:
+                continue
+            chosen, guarded = _best_subset(cands, cur.sizes, sc, min(work.cap[g], r_max),
+                                           room)
+            assign(g, chosen, "guard" if guarded else "stage2")
+        if work.cap[g] > 0:
+            heappush(heap, (-work.cap[g], -model.rank(g), g))
 
     return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
                       counts["aged"])
@@ -201,19 +186,31 @@ def _best_subset(cands: list[int], sizes: list[int], sc: Scorer, max_n: int,
     """Subset of ``cands`` maximising F under size and KV limits; guard if F <= 0.
 
     Returns the chosen pool indices and whether the starvation guard picked them.
+    Enumerates the ``2^r - 1`` subsets by doubling (entry ``k`` of the sums is the
+    subset whose bit ``j`` says "candidate ``j`` is in"), in plain Python: for
+    ``r <= 4`` this is several times faster than numpy's per-call overhead.
     Singletons always fit (callers only pass candidates that fit ``room``).
     """
-    r = len(cands)
-    subsets, mat, nsz = subset_table(r)
-    c = np.array([sizes[i] for i in cands], dtype=np.float64)
-    d = mat @ c
-    f = sc.many(d)
-    f[(nsz > max_n) | (d > room)] = -np.inf
-    k = int(np.argmax(f))
-    if f[k] > 0:
-        return [cands[j] for j in subsets[k]], False
-    singles = f[:r]  # the first r rows of the table are the singletons
-    return [cands[int(np.argmax(singles))]], True
+    if max_n == 1:
+        best = max(cands, key=lambda i: sc(float(sizes[i])))
+        return [best], sc(float(sizes[best])) <= 0
+    sums = [0]
+    counts = [0]
+    for i in cands:
+        s = sizes[i]
+        sums += [x + s for x in sums]
+        counts += [k + 1 for k in counts]
+    best_k, best_f = 0, -float("inf")
+    for k in range(1, len(sums)):
+        d = sums[k]
+        if counts[k] <= max_n and d <= room:
+            f = sc(float(d))
+            if f > best_f:
+                best_k, best_f = k, f
+    if best_f > 0:
+        return [c for j, c in enumerate(cands) if best_k >> j & 1], False
+    single = max(range(len(cands)), key=lambda j: sc(float(sizes[cands[j]])))
+    return [cands[single]], True
 
 
 ModelFactory = Callable[[ClusterSnapshot], MarginModel]

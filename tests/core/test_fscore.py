@@ -59,6 +59,9 @@ def test_horizon_score_is_minus_discounted_delta_imbalance(proj: list[list[int]]
     sc = HorizonScore(top - loads[g], d_w, 1.0, float(gsz))
     assert np.isclose(sc(d), -(d_w @ delta), rtol=1e-9, atol=1e-6)
     assert np.isclose(sc.many(np.array([d]))[0], sc(d), rtol=1e-12, atol=1e-9)
+    if gamma == 1.0:
+        fast = HorizonScore(top - loads[g], d_w, 1.0, float(gsz), uniform=True)
+        assert np.isclose(fast(d), sc(d), rtol=1e-12, atol=1e-6) and fast.peak == sc.peak
 
 
 @given(
@@ -70,6 +73,8 @@ def test_horizon_peak_maximises_score(margins: list[int], alpha: float, beta: fl
     m = np.array(margins, dtype=np.float64)
     d = np.ones_like(m)
     sc = HorizonScore(m, d, alpha, beta)
+    fast = HorizonScore(m, d, alpha, beta, uniform=True)
+    assert fast.peak == sc.peak
     grid = np.arange(0, 1200, 0.5)
     best = sc.many(grid).max()
     if np.isinf(sc.peak):

@@ -41,8 +41,8 @@ class ScalarMargins:
         alive_loads = [x for x, a in zip(self.loads, self.alive, strict=True) if a]
         self.max_load = max(alive_loads, default=0.0)
 
-    def key(self, g: int) -> float:
-        return self.max_load - self.loads[g]
+    def rank(self, g: int) -> float:
+        return -self.loads[g]  # margin M - L_g, less the common M
 
     def scorer(self, g: int) -> ScalarScorer:
         return ScalarScorer(self.max_load - self.loads[g], self.g)

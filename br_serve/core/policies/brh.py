@@ -20,40 +20,39 @@ class HorizonMargins:
     depend on (the replica's own loads, or the envelope).
     """
 
-    __slots__ = ("_cache", "alive", "alpha", "beta", "d", "h", "ld", "loads", "md", "s", "top")
+    __slots__ = ("_cache", "alive", "alpha", "beta", "d", "h", "ld", "loads", "top", "uniform")
 
     def __init__(self, loads: FloatArray, alive: np.ndarray, d: FloatArray, alpha: float,
                  beta: float) -> None:
         self.loads = loads
         self.alive = alive
         self.d = d
-        self.s = float(d.sum())
         self.alpha = alpha
         self.beta = beta
         self.h = np.arange(d.shape[0], dtype=np.float64)
+        self.uniform = bool((d == 1.0).all())
         self.top: FloatArray = (loads[alive].max(axis=0) if alive.any()
                                 else np.zeros(d.shape[0]))
         self.ld: list[float] = (loads @ d).tolist()
-        self.md = float(self.top @ d)
         self._cache: dict[int, HorizonScore] = {}
 
-    def key(self, g: int) -> float:
-        return (self.md - self.ld[g]) / self.s
+    def rank(self, g: int) -> float:
+        return -self.ld[g]  # discounted margin (M - L_g)'d, less the common M'd
 
     def scorer(self, g: int) -> HorizonScore:
         sc = self._cache.get(g)
         if sc is None:
-            sc = HorizonScore(self.top - self.loads[g], self.d, self.alpha, self.beta)
+            sc = HorizonScore(self.top - self.loads[g], self.d, self.alpha, self.beta,
+                              self.uniform)
             self._cache[g] = sc
         return sc
 
     def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
         row = self.loads[g]
         row += d_tokens + n_requests * self.h  # new requests grow like the others
-        self.ld[g] = float(row @ self.d)
+        self.ld[g] = float(row.sum() if self.uniform else row @ self.d)
         if (row > self.top).any():
             np.maximum(self.top, row, out=self.top)
-            self.md = float(self.top @ self.d)
             self._cache.clear()
         else:
             self._cache.pop(g, None)
@@ -75,24 +74,27 @@ class BRH:
         self.clock = context.clock
         self.d = discount_weights(config.horizon, config.gamma)
 
-    def _end_steps(self, cluster: ClusterSnapshot) -> tuple[IntArray, bool]:
+    def _end_steps(self, cluster: ClusterSnapshot) -> tuple[IntArray | None, bool]:
+        """Projected end step of every running request (``None``: all survive)."""
         run = cluster.running
         horizon = self.config.horizon
-        closed = np.full(len(run), horizon + 1, dtype=np.int64)
-        if len(run) == 0:
-            return closed, True
+        if isinstance(self.predictor, SurvivesWindow):
+            return None, True
         t0 = self.clock()
         try:
             pred = self.predictor.predict(run, horizon)
             validate_prediction(pred, len(run))
         except Exception:  # any predictor failure degrades to the closed gate
-            return closed, False
+            return None, False
         if self.clock() - t0 > self.config.predictor_timeout_s:
-            return closed, False
+            return None, False
         fin = np.asarray(pred.p_fin) >= self.config.gate
-        mu = np.nan_to_num(np.asarray(pred.mu_rem, dtype=np.float64), nan=horizon + 1.0)
-        ends = np.where(fin, np.ceil(np.clip(mu, 0, horizon + 1)), horizon + 1)
-        return ends.astype(np.int64), True
+        if not fin.any():
+            return None, True
+        mu = np.asarray(pred.mu_rem, dtype=np.float64)
+        ends = np.full(len(run), horizon + 1, dtype=np.int64)
+        ends[fin] = np.ceil(np.clip(mu[fin], 0, horizon + 1))
+        return ends, True
 
     def projected(self, cluster: ClusterSnapshot) -> tuple[FloatArray, bool]:
         """``(G, H+1)`` projected loads and whether the predictor answered usably."""

@@ -1,0 +1,145 @@
+"""``br-serve bench-tick``: latency of one scheduling tick on realistic random states.
+
+A state is a steady-state decode cluster: ``G`` replicas with ``slots`` each, every
+slot busy except ``1 + Poisson(free_slots - 1)`` free ones spread over random
+replicas (default mean ``G/4``), running requests with lognormal prompts (median
+~1,800 tokens) and up to 2,000 decoded tokens, and a pool of ``N`` prefilled requests
+with the same prompt distribution.
+
+Why ``G/4``: the scheduler ticks every decode step, and in a step about
+``G*B/mean_output`` requests finish (0.26 for G=16, B=16 and 1,000-token outputs), so
+a real tick usually sees zero or one free slot; ``G/4`` is pessimistic on purpose.
+``--free-slots G`` (or more) measures a burst, e.g. after a stall. States are generated before
+timing; each timed tick runs ``policy.schedule`` once (the predictor call included for
+``brh``) on one of them, cycling. Numbers are wall-clock microseconds of this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from typing import Any
+
+import numpy as np
+
+from br_serve.core import (
+    ClusterSnapshot,
+    PolicyContext,
+    PoolRequest,
+    PromptPool,
+    RunningRequests,
+    TerminationPredictor,
+    make_policy,
+    parse_policy_config,
+)
+
+
+def make_state(rng: np.random.Generator, replicas: int, slots: int, pool: int,
+               free_slots: float | None = None) -> tuple[ClusterSnapshot, PromptPool]:
+    """One realistic steady-state snapshot and pool (see the module docstring)."""
+    mean_free = replicas / 4 if free_slots is None else free_slots
+    n_free = min(1 + int(rng.poisson(max(mean_free - 1.0, 0.0))), replicas * slots)
+    free = np.zeros(replicas, dtype=np.int64)
+    while n_free > 0:  # spread over random replicas, never past a replica's slots
+        g = int(rng.integers(replicas))
+        if free[g] < slots:
+            free[g] += 1
+            n_free -= 1
+    running = slots - free
+    rep = np.repeat(np.arange(replicas), running)
+    n = rep.shape[0]
+    prompt = rng.lognormal(7.5, 1.2, n).astype(np.int64)
+    decoded = rng.integers(0, 2000, n)
+    rr = RunningRequests.build(rep, prompt, decoded, prefix_hash=rng.integers(0, 64, n))
+    load = np.bincount(rep, weights=prompt + decoded, minlength=replicas).astype(np.int64)
+    snap = ClusterSnapshot.build(load, running, slots, running=rr)
+    p = PromptPool(capacity=max(pool, 1))
+    sizes = rng.lognormal(7.5, 1.2, pool).astype(np.int64)
+    for i, s in enumerate(sizes.tolist()):
+        p.add(PoolRequest(f"p{i}", s, enqueued_s=0.0, enqueued_tick=0))
+    return snap, p
+
+
+def run_bench(policy: str, replicas: int, pool: int, *, horizon: int = 80,
+              slots: int = 16, ticks: int = 1000, states: int = 64, seed: int = 0,
+              free_slots: float | None = None,
+              predictor: TerminationPredictor | None = None,
+              predictor_name: str = "survives") -> dict[str, Any]:
+    """Time ``ticks`` scheduling ticks and return the summary (microseconds)."""
+    if ticks < 1 or states < 1:
+        raise ValueError("ticks: must be >= 1")
+    rng = np.random.default_rng(seed)
+    built = [make_state(rng, replicas, slots, pool, free_slots) for _ in range(states)]
+    cfg = parse_policy_config(policy=policy, horizon=horizon)
+    pol = make_policy(cfg, PolicyContext(rng=np.random.default_rng(seed), predictor=predictor))
+    for i in range(min(50, ticks)):  # warm-up: caches, lazy imports
+        snap, pl = built[i % states]
+        pol.schedule(snap, pl, 0.0, 0)
+    lat = np.empty(ticks)
+    assigned = 0
+    clock = time.perf_counter_ns
+    for i in range(ticks):
+        snap, pl = built[i % states]
+        t0 = clock()
+        res = pol.schedule(snap, pl, 0.0, 0)
+        lat[i] = clock() - t0
+        assigned += len(res.assignments)
+    us = lat / 1e3
+    return {
+        "policy": policy,
+        "replicas": replicas,
+        "pool": pool,
+        "horizon": horizon if policy == "brh" else None,
+        "predictor": predictor_name if policy == "brh" else None,
+        "slots": slots,
+        "free_slots_mean": replicas / 4 if free_slots is None else free_slots,
+        "ticks": ticks,
+        "p50_us": round(float(np.percentile(us, 50)), 2),
+        "p99_us": round(float(np.percentile(us, 99)), 2),
+        "mean_us": round(float(us.mean()), 2),
+        "max_us": round(float(us.max()), 2),
+        "mean_assigned_per_tick": round(assigned / ticks, 3),
+        "mean_free_slots": round(float(np.mean([s.free_slots.sum() for s, _ in built])), 3),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+
+
+def _predictor(name: str, horizon: int) -> TerminationPredictor | None:
+    if name == "survives":
+        return None
+    from predictors import make_predictor  # the optional top-level package
+
+    return make_predictor(name, horizon=horizon)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    pred = _predictor(args.predictor, args.horizon)
+    res = run_bench(args.policy, args.replicas, args.pool, horizon=args.horizon,
+                    slots=args.slots, ticks=args.ticks, seed=args.seed, predictor=pred,
+                    predictor_name=args.predictor, free_slots=args.free_slots)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in res.items()))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench-tick", help="measure scheduling-tick latency",
+                       description=__doc__)
+    p.add_argument("--replicas", "-G", type=int, default=16)
+    p.add_argument("--pool", "-N", type=int, default=1024)
+    p.add_argument("--policy", default="br0")
+    p.add_argument("--horizon", type=int, default=80)
+    p.add_argument("--predictor", default="survives",
+                   help="for brh: survives (closed gate) or a predictors-package name")
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--free-slots", type=float, default=None,
+                   help="mean free slots per tick (default G/4; >= G for a burst)")
+    p.add_argument("--ticks", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd)
