@@ -112,7 +112,8 @@ def _predictor(name: str, horizon: int) -> TerminationPredictor | None:
         return None
     from predictors import make_predictor  # the optional top-level package
 
-    return make_predictor(name, horizon=horizon)
+    pred: TerminationPredictor = make_predictor(name, horizon=horizon)
+    return pred
 
 
 def _cmd(args: argparse.Namespace) -> int:
