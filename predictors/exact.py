@@ -1,0 +1,106 @@
+"""ExactMatch predictor: reuse the output lengths observed for the same prompt prefix.
+
+A request whose prefix key (``predictors.keys``) has at least ``min_key_samples``
+observations, and whose key still has samples longer than what it has already decoded,
+is answered from that key's samples exactly as the survival model answers from the
+global ones. Every other request (unseen key, no key, or a request that outlived all of
+its key's samples) falls back to the embedded :class:`SurvivalPredictor`.
+
+Bounded memory: at most ``per_key_samples`` (latest) outputs per key and ``max_keys``
+keys; the key observed longest ago is evicted first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from br_serve.core.predictor import FinishedRequests, Prediction
+from br_serve.core.types import BoolArray, IntArray, RunningRequests
+from predictors.keys import DEFAULT_PREFIX_BLOCKS, prefix_keys
+from predictors.store import SegmentAnswer, SegmentedSamples
+from predictors.survival import SurvivalConfig, SurvivalPredictor
+
+
+class ExactConfig(BaseModel):
+    """Options of :class:`ExactMatchPredictor` (validated, immutable)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefix_blocks: int = DEFAULT_PREFIX_BLOCKS
+    per_key_samples: int = Field(default=16, ge=1)
+    max_keys: int = Field(default=65536, ge=1)
+    min_key_samples: int = Field(default=1, ge=1)
+    survival: SurvivalConfig = SurvivalConfig()
+
+
+class ExactMatchPredictor:
+    """Prefix-keyed empirical predictor with a survival fallback (module docstring)."""
+
+    name = "exact"
+
+    def __init__(self, config: ExactConfig | None = None, *,
+                 rng: np.random.Generator | None = None) -> None:
+        self.config = config or ExactConfig()
+        self.fallback = SurvivalPredictor(self.config.survival, rng=rng)
+        self._store = SegmentedSamples()
+        self._keys: OrderedDict[Hashable, tuple[int, deque[int]]] = OrderedDict()
+        self._next_segment = 0
+
+    @property
+    def num_keys(self) -> int:
+        return len(self._keys)
+
+    def keys_of(self, hash_ids: Sequence[tuple[int, ...] | None] | None,
+                prefix_hash: IntArray) -> list[Hashable | None]:
+        return prefix_keys(hash_ids, prefix_hash, self.config.prefix_blocks)
+
+    def observe(self, finished: FinishedRequests) -> None:
+        self.fallback.observe(finished)
+        keys = self.keys_of(finished.hash_ids, finished.prefix_hash)
+        cap = self.config.per_key_samples
+        for key, o in zip(keys, np.asarray(finished.output_tokens).tolist(), strict=True):
+            if key is None:
+                continue
+            entry = self._keys.get(key)
+            if entry is None:
+                if len(self._keys) >= self.config.max_keys:
+                    _, (old_seg, old_vals) = self._keys.popitem(last=False)
+                    for v in old_vals:
+                        self._store.remove(old_seg, v)
+                entry = (self._next_segment, deque())
+                self._next_segment += 1
+                self._keys[key] = entry
+            else:
+                self._keys.move_to_end(key)
+            seg, vals = entry
+            vals.append(o)
+            self._store.add(seg, o)
+            if len(vals) > cap:
+                self._store.remove(seg, vals.popleft())
+
+    def key_answer(self, keys: list[Hashable | None], decoded: IntArray,
+                   horizon_steps: int) -> tuple[SegmentAnswer, BoolArray]:
+        """Per-key answer and the mask of rows it is usable for."""
+        need = self.config.min_key_samples
+        segs = np.full(len(keys), -1, dtype=np.int64)
+        for j, key in enumerate(keys):
+            if key is not None:
+                entry = self._keys.get(key)
+                if entry is not None and len(entry[1]) >= need:
+                    segs[j] = entry[0]
+        known = segs >= 0
+        ans = self._store.query(np.maximum(segs, 0), decoded, horizon_steps)
+        return ans, known & (ans.alive > 0)
+
+    def predict(self, running: RunningRequests, horizon_steps: int) -> Prediction:
+        base = self.fallback.predict(running, horizon_steps)
+        if len(running) == 0 or not self._keys:
+            return base
+        keys = self.keys_of(running.hash_ids, running.prefix_hash)
+        ans, use = self.key_answer(keys, running.decoded_tokens, horizon_steps)
+        return Prediction(p_fin=np.where(use, ans.p_fin, base.p_fin),
+                          mu_rem=np.where(use, ans.mu_rem, base.mu_rem))

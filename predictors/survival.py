@@ -1,0 +1,116 @@
+"""Empirical survival predictor (DESIGN section 5), updated online, bounded memory.
+
+From the observed output lengths ``o`` (per prompt-length bucket when configured):
+``p_fin = P(o <= a + H | o > a)`` and ``mu_rem = E[o - a | a < o <= a + H]``, where
+``a`` is the request's decoded steps. A request is "remaining ``o - a`` steps" away from
+its end; it finishes inside the window when ``o - a <= H``.
+
+With fewer than ``min_samples`` observations (or when the request has outlived every
+sample) the answer is the closed gate: ``p_fin = 0`` ("survives the window").
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from br_serve.core.predictor import FinishedRequests, Prediction
+from br_serve.core.types import IntArray, RunningRequests
+from predictors.store import SampleMemory, SegmentAnswer, SegmentedSamples
+
+
+class SurvivalConfig(BaseModel):
+    """Options of :class:`SurvivalPredictor` (validated, immutable).
+
+    ``prompt_buckets``: ascending prompt-length edges; bucket ``k`` holds prompts in
+    ``[edge[k-1], edge[k])``. A bucket with fewer than ``min_bucket_samples`` samples
+    answers from the global distribution.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory: str = "window"
+    max_samples: int = Field(default=4096, ge=1)
+    min_samples: int = Field(default=16, ge=1)
+    prompt_buckets: tuple[int, ...] = ()
+    min_bucket_samples: int = Field(default=64, ge=1)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str) -> str:
+        if v not in ("window", "reservoir"):
+            raise ValueError(f"must be 'window' or 'reservoir' (got {v!r})")
+        return v
+
+    @field_validator("prompt_buckets")
+    @classmethod
+    def _buckets(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(b <= a for a, b in itertools.pairwise(v)) or any(x <= 0 for x in v):
+            raise ValueError("must be positive and strictly ascending")
+        return v
+
+
+class SurvivalPredictor:
+    """Online empirical survival model; see the module docstring for the contract.
+
+    Segment 0 is the global distribution, segment ``k + 1`` prompt bucket ``k``.
+    """
+
+    name = "survival"
+
+    def __init__(self, config: SurvivalConfig | None = None, *,
+                 rng: np.random.Generator | None = None) -> None:
+        self.config = config or SurvivalConfig()
+        c = self.config
+        rng = rng if rng is not None else np.random.default_rng(0)
+        self._edges = np.asarray(c.prompt_buckets, dtype=np.int64)
+        self._store = SegmentedSamples()
+        self._mem = [SampleMemory(c.memory, c.max_samples, rng)
+                     for _ in range(len(c.prompt_buckets) + 2)]
+
+    @property
+    def num_samples(self) -> int:
+        return self._store.count(0)
+
+    def _offer(self, seg: int, value: int) -> None:
+        kept, evicted = self._mem[seg].offer(value)
+        if kept:
+            self._store.add(seg, value)
+        if evicted is not None:
+            self._store.remove(seg, evicted)
+
+    def observe(self, finished: FinishedRequests) -> None:
+        out = np.asarray(finished.output_tokens, dtype=np.int64).tolist()
+        if not self._edges.size:
+            for o in out:
+                self._offer(0, o)
+            return
+        segs = (np.searchsorted(self._edges, np.asarray(finished.prompt_tokens),
+                                side="right") + 1).tolist()
+        for o, s in zip(out, segs, strict=True):
+            self._offer(0, o)
+            self._offer(s, o)
+
+    def segments(self, prompt_tokens: IntArray) -> IntArray:
+        """Segment each request is answered from (0: global)."""
+        n = len(prompt_tokens)
+        if not self._edges.size:
+            return np.zeros(n, dtype=np.int64)
+        seg = np.searchsorted(self._edges, prompt_tokens, side="right") + 1
+        counts = np.array([self._store.count(s) for s in range(len(self._mem))])
+        ok = counts[seg] >= self.config.min_bucket_samples
+        return np.where(ok, seg, 0).astype(np.int64)
+
+    def answer(self, prompt_tokens: IntArray, decoded: IntArray,
+               horizon_steps: int) -> SegmentAnswer:
+        """Raw answer (with sample counts) for callers that build on it."""
+        return self._store.query(self.segments(prompt_tokens), decoded, horizon_steps)
+
+    def predict(self, running: RunningRequests, horizon_steps: int) -> Prediction:
+        n = len(running)
+        if self.num_samples < self.config.min_samples or n == 0:
+            return Prediction(p_fin=np.zeros(n), mu_rem=np.full(n, float(horizon_steps)))
+        ans = self.answer(running.prompt_tokens, running.decoded_tokens, horizon_steps)
+        return Prediction(p_fin=ans.p_fin, mu_rem=ans.mu_rem)
