@@ -1,0 +1,100 @@
+"""The physical step barrier: one collective per decode step across the decode replicas.
+
+A :class:`Barrier` is one *generation* of the group: ``world`` ranks (the alive decode
+replicas, in ``members`` order) connected through a torch.distributed store hosted by
+rank 0. Every step each rank contributes its own ``(load_tokens, running)`` row to a
+``(world, 2)`` matrix and all-reduces it, so the step cannot end before the slowest
+replica arrives, and every rank learns the loads at the barrier.
+
+Failure contract: a dead or hung peer makes :meth:`Barrier.exchange` raise
+:class:`BarrierError` within ``timeout_s``. A broken generation is never reused: the
+scheduler forms a new one (new store port, generation + 1) among the survivors.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import numpy as np
+
+
+class BarrierError(RuntimeError):
+    """The collective failed (peer died, timed out, or the group was closed)."""
+
+
+def open_store(host: str, generation: int, timeout_s: float) -> tuple[Any, int]:
+    """Host a new TCP store on a free port (rank 0 of a generation). Returns (store, port)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, 0, None, True,
+                          timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    return store, int(store.port)
+
+
+class Barrier:
+    """One generation of the decode group (see module docstring).
+
+    ``backend`` is ``"gloo"`` on CPU; other backends need a device per rank and go
+    through ``torch.distributed``'s default group (one generation per process at a time).
+    """
+
+    def __init__(self, backend: str, host: str, port: int, rank: int,
+                 members: tuple[int, ...], generation: int, timeout_s: float,
+                 store: Any = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.rank = rank
+        self.members = members
+        self.world = len(members)
+        self.generation = generation
+        self.backend = backend
+        self._torch = torch
+        td = datetime.timedelta(seconds=timeout_s)
+        if store is None:
+            store = dist.TCPStore(host, port, None, False, timeout=td)
+        self._store = store  # rank 0 keeps the master alive as long as the group lives
+        prefixed = dist.PrefixStore(f"br_gen{generation}", store)
+        try:
+            if backend == "gloo":
+                self._pg: Any = dist.ProcessGroupGloo(prefixed, rank, self.world, td)
+                self._default = False
+            else:
+                dist.init_process_group(backend, store=prefixed, rank=rank,
+                                        world_size=self.world, timeout=td)
+                self._pg = None
+                self._default = True
+        except Exception as exc:
+            raise BarrierError(f"barrier gen {generation}: join failed: {exc}") from exc
+
+    def exchange(self, load_tokens: int, running: int) -> np.ndarray:
+        """All-reduce this rank's row; returns the ``(world, 2)`` int64 matrix of all rows.
+
+        Raises:
+            BarrierError: the collective failed or timed out.
+        """
+        t = self._torch.zeros((self.world, 2), dtype=self._torch.float64)
+        t[self.rank, 0] = float(load_tokens)
+        t[self.rank, 1] = float(running)
+        try:
+            if self._default:
+                import torch.distributed as dist
+
+                dist.all_reduce(t)
+            else:
+                self._pg.allreduce([t]).wait()
+        except Exception as exc:
+            raise BarrierError(f"barrier gen {self.generation}: all_reduce failed: {exc}"
+                               ) from exc
+        return t.numpy().astype(np.int64)
+
+    def close(self) -> None:
+        if self._default:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        self._pg = None
+        self._store = None

@@ -1,0 +1,132 @@
+"""Validated, immutable configuration of the serving graph (the edge for builder args).
+
+``serve run graphs.balance_route:build replicas=8 policy=brh`` hands every argument as
+a string; :func:`parse_graph_config` coerces and validates them with pydantic and
+raises :class:`GraphConfigError` (a ``ValueError``) whose message starts with the name
+of the bad field, e.g. ``replicas: Input should be greater than or equal to 1 (got 0)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from br_serve.engine.factory import EngineSpec
+
+#: Environment variable read for the API key when no ``api_key`` argument is given.
+API_KEY_ENV = "BR_SERVE_API_KEY"
+
+
+class GraphConfigError(ValueError):
+    """Invalid graph configuration; the message starts with the bad field's name."""
+
+
+class GraphConfig(BaseModel):
+    """Every option of the Ray Serve graph. Frozen after validation.
+
+    Topology: ``replicas`` decode replica actors (G) in lock-step, ``prefill_replicas``
+    Serve replicas for prefill, one scheduler actor. ``pool_capacity`` bounds the
+    prompt pool (429 beyond it). ``max_context_tokens`` bounds prompt + max_tokens
+    (413 beyond it). ``api_key``: when set (or ``BR_SERVE_API_KEY`` is set), every
+    endpoint except ``/health`` needs ``Authorization: Bearer <key>``.
+    ``barrier_timeout_s`` bounds one collective: a dead peer is detected within it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    app_name: str = "balance_route"
+    model: str = "br-emulated"
+    replicas: int = Field(default=4, ge=1, le=256)
+    prefill_replicas: int = Field(default=2, ge=1, le=256)
+    policy: str = "br0"
+    horizon: int = Field(default=80, ge=0, le=4096)
+    predictor: str = "survives"
+    slots: int = Field(default=16, ge=1, le=4096)
+    pool_capacity: int = Field(default=1024, ge=1)
+    max_context_tokens: int = Field(default=131072, ge=2)
+    engine: Literal["emulated", "torch"] = "emulated"
+    model_path: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv_bytes_per_token: int = Field(default=16, ge=1)
+    step_a_s_per_token: float = Field(default=5e-7, ge=0)
+    step_b_s: float = Field(default=0.03, ge=0)
+    time_scale: float = Field(default=1.0, gt=0)
+    prefill_base_s: float = Field(default=0.0, ge=0)
+    prefill_s_per_token: float = Field(default=0.0, ge=0)
+    transport: Literal["objref", "mooncake"] = "objref"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_key: str | None = None
+    barrier_timeout_s: float = Field(default=10.0, gt=0)
+    seed: int = 0
+    namespace: str = "br_serve"
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        from br_serve.core import policy_names
+
+        if v not in policy_names():
+            raise ValueError(f"unknown policy {v!r}; known: {', '.join(sorted(policy_names()))}")
+        return v
+
+    @field_validator("predictor")
+    @classmethod
+    def _known_predictor(cls, v: str) -> str:
+        from br_serve.serve.predictor import predictor_names
+
+        names = predictor_names()
+        if v not in names:
+            raise ValueError(f"unknown predictor {v!r}; known: {', '.join(sorted(names))}")
+        return v
+
+    @field_validator("api_key")
+    @classmethod
+    def _nonempty_key(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must be a non-empty string when given")
+        return v
+
+    def resolved_api_key(self) -> str | None:
+        """The builder argument, else the environment variable, else no key."""
+        return self.api_key or os.environ.get(API_KEY_ENV) or None
+
+    def engine_spec(self) -> EngineSpec:
+        return EngineSpec(
+            kind=self.engine, model_path=self.model_path, device=self.device,
+            dtype=self.dtype, kv_bytes_per_token=self.kv_bytes_per_token,
+            step_a_s_per_token=self.step_a_s_per_token, step_b_s=self.step_b_s,
+            time_scale=self.time_scale, prefill_base_s=self.prefill_base_s,
+            prefill_s_per_token=self.prefill_s_per_token, max_batch=self.slots,
+            seed=self.seed)
+
+
+def parse_graph_config(data: Mapping[str, Any] | GraphConfig | None = None,
+                       **overrides: Any) -> GraphConfig:
+    """Build a :class:`GraphConfig` from builder arguments (strings are coerced).
+
+    Raises:
+        GraphConfigError: ``"<field>: <reason> (got <value>)"`` for the first bad field;
+            unknown arguments are reported as ``"<name>: Extra inputs are not permitted"``.
+    """
+    base: dict[str, Any] = {}
+    if isinstance(data, GraphConfig):
+        base = data.model_dump()
+    elif data is not None:
+        base = dict(data)
+    base.update(overrides)
+    # "none"/"" from a command line mean "not given" for optional strings.
+    for key in ("model_path", "api_key"):
+        if isinstance(base.get(key), str) and base[key].lower() in ("", "none", "null"):
+            base[key] = None
+    try:
+        return GraphConfig(**base)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise GraphConfigError(f"{field}: {msg} (got {err.get('input')!r})") from None

@@ -1,0 +1,47 @@
+"""Build and deploy the Ray Serve application (the only place that wires deployments).
+
+``build(args)`` validates builder arguments (:class:`GraphConfig`) and returns the bound
+Serve application: Prefill (N replicas) -> Ingress (one replica, FastAPI). The ingress
+creates the scheduler and decode replica actors. ``deploy(cfg)`` starts Serve's HTTP
+proxy on ``cfg.host:cfg.port`` and runs the application (for the demo, tests and
+benchmarks; users run ``serve run graphs.balance_route:app``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from br_serve.serve.config import GraphConfig, parse_graph_config
+
+
+def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
+    """The Serve application for ``args`` (builder arguments, strings allowed).
+
+    Raises:
+        GraphConfigError: a bad argument, named in the message.
+    """
+    from ray import serve
+
+    from br_serve.serve.ingress import Ingress
+    from br_serve.serve.prefill import PrefillWorker
+
+    cfg = parse_graph_config(args)
+    conf = cfg.model_dump()
+    prefill = serve.deployment(PrefillWorker, name="Prefill").options(
+        num_replicas=cfg.prefill_replicas, ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=1000)
+    ingress = serve.deployment(Ingress, name="Ingress").options(
+        num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10000)
+    return ingress.bind(prefill.bind(conf), conf)
+
+
+def deploy(cfg: GraphConfig, blocking: bool = False) -> Any:
+    """Start Serve (HTTP on ``cfg.host:cfg.port``) and run the app; returns its handle."""
+    from ray import serve
+
+    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    handle = serve.run(build(cfg), name=cfg.app_name, route_prefix="/", blocking=blocking)
+    # Wait until the scheduler has found the replicas and formed the barrier group.
+    handle.state.remote().result(timeout_s=120)
+    return handle

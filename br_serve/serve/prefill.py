@@ -1,0 +1,58 @@
+"""Prefill deployment: prompt -> KV (put in the transport), prompt length, first token.
+
+Runs as a Serve deployment with N replicas. Each call returns a :class:`PrefillOutput`;
+bad input (empty prompt, prompt + max_tokens over the context limit) comes back as an
+``error`` with the HTTP status the ingress should use, not as an exception, so the
+ingress can answer 400/413 without parsing remote tracebacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from br_serve.engine.base import SamplingParams
+from br_serve.serve.messages import PrefillOutput
+
+
+class PrefillWorker:
+    """One prefill replica (wrapped by ``serve.deployment`` in :mod:`br_serve.serve.graph`)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from br_serve.engine.factory import make_engine, make_transport
+        from br_serve.serve.config import parse_graph_config
+
+        self.cfg = parse_graph_config(config)
+        self.engine = make_engine(self.cfg.engine_spec())
+        self.transport = make_transport(self.cfg.transport)
+        # Engines are not thread-safe; prefill runs in a worker thread, one at a time
+        # per replica (Serve spreads concurrent requests over the N replicas).
+        self._lock = threading.Lock()
+
+    async def prefill(self, request_id: str, prompt: str | list[int],
+                      params: SamplingParams) -> PrefillOutput:
+        return await asyncio.to_thread(self._prefill, request_id, prompt, params)
+
+    def _prefill(self, request_id: str, prompt: str | list[int],
+                 params: SamplingParams) -> PrefillOutput:
+        t0 = time.perf_counter()
+        with self._lock:
+            s = self.engine.count_tokens(prompt)
+            if s < 1:
+                return PrefillOutput(request_id, error="prompt: must not be empty",
+                                     error_status=400)
+            limit = self.cfg.max_context_tokens
+            if s + params.max_tokens > limit:
+                return PrefillOutput(
+                    request_id, prompt_tokens=s, error_status=413,
+                    error=(f"prompt: {s} prompt tokens + max_tokens {params.max_tokens} "
+                           f"exceed the context limit of {limit} tokens"))
+            res = self.engine.prefill(request_id, prompt, params)
+        handle = None if res.finished else self.transport.put(request_id, res.kv)
+        return PrefillOutput(
+            request_id, prompt_tokens=res.prompt_tokens, first_token_id=res.first_token_id,
+            first_token_text=res.first_token_text, finished=res.finished,
+            finish_reason=res.finish_reason, kv=handle,
+            prefill_s=time.perf_counter() - t0)

@@ -1,0 +1,406 @@
+"""The scheduler actor: the singleton that runs the core policy on the prompt pool.
+
+A thin shell around core objects: a :class:`PromptPool`, a :class:`ClusterState` mirror
+of the decode replicas and a policy. Every tick: ``mirror.snapshot()`` ->
+``policy.schedule`` -> ``pool.remove_many`` + ``mirror.admit`` -> dispatch (``admit``
+RPCs to decode replicas). Ticks run whenever the pool or the replicas change (each
+decode step reports, so at least once per step under load).
+
+Where state lives (why a crash loses nothing):
+- The decode replicas own the running requests; the mirror is rebuilt from their
+  per-step :class:`ReplicaReport`s, plus assignments dispatched but not yet reported
+  (``inflight``). A restarted scheduler rebuilds it from ``DecodeReplica.report``.
+- Pool entries are owned by the ingress until a decode replica confirms admission
+  (``Admitted``): the scheduler's pool is a cache. After a restart (``incarnation``
+  changes) the ingress resubmits its unconfirmed entries; ``submit`` is idempotent.
+
+Faults: a replica whose barrier failed, or that the ingress lost, is pinged; the dead
+ones are marked dead in the mirror and a new barrier generation is formed among the
+survivors. Their requests are re-prefilled (or errored) by the ingress that owns them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from br_serve.core import (
+    Assignment,
+    FinishedRequests,
+    PolicyContext,
+    PoolFullError,
+    PoolRequest,
+    PromptPool,
+    make_policy,
+    parse_policy_config,
+)
+from br_serve.core.state import ClusterState
+from br_serve.serve.messages import Admission, ReplicaReport
+
+log = logging.getLogger(__name__)
+
+_PING_TIMEOUT_S = 3.0
+_RECENT_STEPS = 200
+
+
+class Scheduler:
+    """See the module docstring. All methods run on the actor's event loop."""
+
+    def __init__(self, config: dict[str, Any], decode_names: list[str]) -> None:
+        from br_serve.serve.config import parse_graph_config
+        from br_serve.serve.predictor import make_predictor
+
+        self.cfg = parse_graph_config(config)
+        self.g = len(decode_names)
+        self.decode_names = list(decode_names)
+        self.incarnation = uuid.uuid4().hex
+        self.pool = PromptPool(self.cfg.pool_capacity)
+        scale = self.cfg.time_scale
+        self.mirror = ClusterState(self.g, self.cfg.slots, None,
+                                   self.cfg.step_a_s_per_token * scale,
+                                   self.cfg.step_b_s * scale)
+        pcfg = parse_policy_config(policy=self.cfg.policy, horizon=self.cfg.horizon)
+        self.predictor = (make_predictor(self.cfg.predictor, self.cfg.horizon)
+                          if self.cfg.policy == "brh" else None)
+        self.policy = make_policy(pcfg, PolicyContext(
+            rng=np.random.default_rng(self.cfg.seed), predictor=self.predictor))
+        self.detail = self.cfg.policy == "brh"
+        self.entries: dict[str, tuple[Admission, PoolRequest]] = {}
+        self.inflight: list[dict[str, tuple[Admission, PoolRequest]]] = [
+            {} for _ in range(self.g)]
+        self.overflow: list[PoolRequest] = []
+        self.decode: list[Any] = []
+        self.generation = 0
+        self.members: tuple[int, ...] = ()
+        self.tick = 0
+        self._wake: asyncio.Event | None = None
+        self._ready: asyncio.Event | None = None
+        self._group_lock: asyncio.Lock | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._t0 = time.perf_counter()
+        self._metrics: Any = None
+        self.reset_stats_now()
+
+    # -- lifecycle --------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._main is None:
+            self._wake = asyncio.Event()
+            self._ready = asyncio.Event()
+            self._group_lock = asyncio.Lock()
+            self._main = asyncio.get_running_loop().create_task(self._main_loop())
+            try:
+                from br_serve.serve.metrics import SchedulerMetrics
+
+                self._metrics = SchedulerMetrics()
+            except Exception as exc:  # metrics are best-effort
+                log.warning("scheduler: metrics disabled: %s", exc)
+
+    async def _ensure_ready(self) -> None:
+        self._start()
+        assert self._ready is not None
+        await self._ready.wait()
+
+    async def _main_loop(self) -> None:
+        await self._bootstrap()
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                self._tick_once()
+            except Exception:  # never let one bad tick kill the loop
+                log.exception("scheduler: tick failed")
+
+    async def _bootstrap(self) -> None:
+        """Find the replicas, rebuild the mirror from them, (re)form the barrier group."""
+        import ray
+
+        handles: list[Any] = []
+        for name in self.decode_names:
+            for _ in range(600):
+                try:
+                    handles.append(ray.get_actor(name, namespace=self.cfg.namespace))
+                    break
+                except ValueError:
+                    await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError(f"scheduler: decode replica {name!r} never appeared")
+        self.decode = handles
+        alive, gens = await self._ping_all(list(range(self.g)))
+        reports = await asyncio.gather(*(self.decode[g].report.remote() for g in alive),
+                                       return_exceptions=True)
+        for g in range(self.g):
+            if g not in alive:
+                self.mirror.set_alive(g, False)
+        for rep in reports:
+            if isinstance(rep, ReplicaReport):
+                self._rebuild_replica(rep)
+        same = len(set(gens.values())) == 1 and min(gens.values(), default=0) > 0
+        last = [r for r in reports if isinstance(r, ReplicaReport)]
+        members_ok = bool(last) and all(r.members == tuple(alive) for r in last)
+        if same and members_ok and len(last) == len(alive):
+            self.generation, self.members = next(iter(gens.values())), tuple(alive)
+        else:
+            self.generation = max(gens.values(), default=0)
+            await self._form_group(tuple(alive))
+        assert self._ready is not None
+        self._ready.set()
+        log.info("scheduler %s ready: generation %d, members %s", self.incarnation,
+                 self.generation, self.members)
+
+    async def _ping_all(self, which: list[int]) -> tuple[list[int], dict[int, int]]:
+        async def one(g: int) -> tuple[int, int] | None:
+            try:
+                return await asyncio.wait_for(self.decode[g].ping.remote(),  # type: ignore[no-any-return]
+                                              _PING_TIMEOUT_S)
+            except Exception:
+                return None
+
+        res = await asyncio.gather(*(one(g) for g in which))
+        alive = [g for g, r in zip(which, res, strict=True) if r is not None]
+        gens = {g: r[1] for g, r in zip(which, res, strict=True) if r is not None}
+        return alive, gens
+
+    async def _form_group(self, members: tuple[int, ...]) -> None:
+        self.generation += 1
+        gen = self.generation
+        self.members = members
+        if not members:
+            return
+        port = await self.decode[members[0]].open_store.remote(gen)
+        await asyncio.gather(*(self.decode[m].join.remote(gen, rank, members, port)
+                               for rank, m in enumerate(members)))
+
+    async def _recover(self, generation: int) -> None:
+        assert self._group_lock is not None
+        async with self._group_lock:
+            if generation < self.generation:
+                return  # already re-formed since that failure
+            alive, _ = await self._ping_all(list(self.members))
+            import ray
+
+            for g in self.members:
+                if g not in alive:
+                    log.warning("scheduler: decode replica %d is dead", g)
+                    self.mirror.set_alive(g, False)
+                    self.inflight[g].clear()
+                    with contextlib.suppress(Exception):
+                        ray.kill(self.decode[g], no_restart=True)
+            await self._form_group(tuple(alive))
+        assert self._wake is not None
+        self._wake.set()
+
+    # -- RPCs -------------------------------------------------------------------------
+    async def get_incarnation(self) -> str:
+        await self._ensure_ready()
+        return self.incarnation
+
+    async def submit(self, entry: Admission) -> str:
+        """Queue a prefilled request. Returns ``"queued"``, ``"duplicate"`` (already
+        queued or running: idempotent resubmission), ``"full"`` (pool at capacity:
+        backpressure) or ``"no_replica"`` (no decode replica alive)."""
+        await self._ensure_ready()
+        rid = entry.request_id
+        if rid in self.entries or rid in self.mirror:
+            return "duplicate"
+        if not self.mirror.alive.any():
+            return "no_replica"
+        req = PoolRequest(rid, entry.prompt_tokens, enqueued_s=self._now(),
+                          enqueued_tick=self.tick, arrival_s=entry.arrival_s,
+                          prefix_hash=entry.prefix_hash)
+        try:
+            self.pool.add(req)
+        except PoolFullError:
+            return "full"
+        self.entries[rid] = (entry, req)
+        assert self._wake is not None
+        self._wake.set()
+        return "queued"
+
+    async def cancel(self, request_id: str) -> None:
+        """Drop a request still waiting in the pool (its client went away)."""
+        if request_id in self.pool:
+            self.pool.remove(request_id)
+            self.entries.pop(request_id, None)
+
+    async def locate(self, request_id: str) -> tuple[str, int]:
+        """``("pool" | "running" | "unknown", replica)`` for a request (-1 if none)."""
+        await self._ensure_ready()
+        if request_id in self.pool:
+            return "pool", -1
+        if request_id in self.mirror:
+            return "running", self.mirror.where(request_id)[0]
+        return "unknown", -1
+
+    async def report(self, rep: ReplicaReport) -> None:
+        self._start()
+        if not self.mirror.alive[rep.replica]:
+            return
+        self._observe_finished(rep)
+        self._rebuild_replica(rep)
+        if (rep.barrier_loads and rep.members and rep.replica == rep.members[0]
+                and rep.generation == self.generation):
+            loads = np.asarray(rep.barrier_loads, dtype=np.int64)
+            imb = int(len(loads) * loads.max() - loads.sum())
+            self.steps += 1
+            self.imbalance_sum += imb
+            self.step_s_sum += rep.compute_s + rep.barrier_s
+            self.recent_imbalance.append(imb)
+            if self._metrics is not None:
+                self._metrics.imbalance.observe(imb)
+        if self._metrics is not None:
+            self._metrics.replica(rep.replica, rep.load_tokens, len(rep.running_ids))
+        if self._wake is not None:
+            self._wake.set()
+
+    async def barrier_failed(self, replica: int, generation: int) -> None:
+        """A replica's collective failed in ``generation``: find the dead, re-form."""
+        await self._ensure_ready()
+        self._spawn(self._recover(generation))
+
+    async def replica_lost(self, replica: int) -> None:
+        """The ingress lost contact with ``replica``: check it and re-form if needed."""
+        await self._ensure_ready()
+        self._spawn(self._recover(self.generation))
+
+    async def state(self) -> dict[str, Any]:
+        """Per-replica load/running/free slots, pool size, recent imbalance, policy."""
+        await self._ensure_ready()
+        loads = self.mirror.load_tokens()
+        running = self.mirror.running_requests()
+        free = self.mirror.free_slots()
+        recent = list(self.recent_imbalance)
+        return {
+            "policy": self.cfg.policy, "predictor": self.cfg.predictor,
+            "incarnation": self.incarnation, "generation": self.generation,
+            "members": list(self.members), "pool_size": len(self.pool),
+            "pool_capacity": self.pool.capacity, "tick": self.tick,
+            "recent_mean_imbalance_tokens": float(np.mean(recent)) if recent else 0.0,
+            "replicas": [{"replica": g, "alive": bool(self.mirror.alive[g]),
+                          "load_tokens": int(loads[g]), "running": int(running[g]),
+                          "free_slots": int(free[g])} for g in range(self.g)],
+        }
+
+    async def stats(self) -> dict[str, Any]:
+        """Counters since the last :meth:`reset_stats` (for benchmarks)."""
+        await self._ensure_ready()
+        ticks = np.asarray(self.tick_s, dtype=np.float64)
+        return {
+            "steps": self.steps,
+            "mean_imbalance_tokens": self.imbalance_sum / self.steps if self.steps else 0.0,
+            "mean_step_s": self.step_s_sum / self.steps if self.steps else 0.0,
+            "ticks": len(ticks), "assigned": self.assigned,
+            "tick_dispatch_s_total": float(ticks.sum()),
+            "tick_dispatch_ms_p50": float(np.percentile(ticks, 50) * 1e3) if len(ticks) else 0.0,
+            "tick_dispatch_ms_p99": float(np.percentile(ticks, 99) * 1e3) if len(ticks) else 0.0,
+            "dispatch_failures": self.dispatch_failures,
+        }
+
+    async def reset_stats(self) -> None:
+        self.reset_stats_now()
+
+    def reset_stats_now(self) -> None:
+        self.steps = 0
+        self.imbalance_sum = 0
+        self.step_s_sum = 0.0
+        self.tick_s: list[float] = []
+        self.assigned = 0
+        self.dispatch_failures = 0
+        self.recent_imbalance: collections.deque[int] = collections.deque(maxlen=_RECENT_STEPS)
+
+    # -- internals --------------------------------------------------------------------
+    def _now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _observe_finished(self, rep: ReplicaReport) -> None:
+        if self.predictor is None or not rep.finished_ids:
+            return
+        prompts, outs = [], []
+        for rid, out in zip(rep.finished_ids, rep.finished_output_tokens, strict=True):
+            if rid in self.mirror:
+                g, s = self.mirror.where(rid)
+                prompts.append(int(self.mirror.prompt[g, s]))
+                outs.append(out)
+        if prompts:
+            n = len(prompts)
+            self.predictor.observe(FinishedRequests(
+                prompt_tokens=np.asarray(prompts, dtype=np.int64),
+                output_tokens=np.asarray(outs, dtype=np.int64),
+                prefix_hash=np.full(n, -1, dtype=np.int64),
+                finish_s=np.full(n, self._now())))
+
+    def _rebuild_replica(self, rep: ReplicaReport) -> None:
+        """Mirror rows of ``rep.replica`` := its report + dispatched-but-unreported."""
+        g = rep.replica
+        infl = self.inflight[g]
+        for rid in (*rep.running_ids, *rep.finished_ids):
+            infl.pop(rid, None)
+        for rid in [i for i in self.mirror.ids[g] if i is not None]:
+            self.mirror.finish(rid)
+        for rid, p, d in zip(rep.running_ids, rep.prompt_tokens, rep.decoded_tokens,
+                             strict=True):
+            if rid in self.mirror:
+                continue  # reported twice across a migration; keep the first
+            self.mirror.admit(Assignment(rid, g, p), None, decoded_tokens=d)
+        for rid, (_, req) in infl.items():
+            if rid not in self.mirror and self.mirror.free_slots()[g] > 0:
+                self.mirror.admit(Assignment(rid, g, req.prompt_tokens), req)
+
+    def _tick_once(self) -> None:
+        while self.overflow and not self.pool.is_full():
+            self.pool.add(self.overflow.pop())
+        if self._metrics is not None:
+            self._metrics.pool.set(len(self.pool))
+        if not len(self.pool) or not self.mirror.free_slots().any():
+            return
+        t0 = time.perf_counter()
+        snap = self.mirror.snapshot(detail=self.detail)
+        res = self.policy.schedule(snap, self.pool, self._now(), self.tick)
+        self.tick += 1
+        reqs = self.pool.remove_many(res.assignments)
+        for a, req in zip(res.assignments, reqs, strict=True):
+            entry, _ = self.entries.pop(a.request_id)
+            self.mirror.admit(a, req)
+            self.inflight[a.replica][a.request_id] = (entry, req)
+            ref = self.decode[a.replica].admit.remote(entry)
+            self._spawn(self._confirm(a.replica, entry, req, ref))
+        dt = time.perf_counter() - t0
+        self.tick_s.append(dt)
+        self.assigned += len(res.assignments)
+        if self._metrics is not None:
+            self._metrics.tick_ms.observe(dt * 1e3)
+
+    async def _confirm(self, g: int, entry: Admission, req: PoolRequest, ref: Any) -> None:
+        """Await the replica's answer; on refusal or death put the request back."""
+        try:
+            ok = bool(await ref)
+        except Exception as exc:
+            log.warning("scheduler: dispatch of %s to %d failed: %s", entry.request_id, g, exc)
+            ok = False
+            self._spawn(self._recover(self.generation))
+        if ok:
+            return
+        self.dispatch_failures += 1
+        self.inflight[g].pop(entry.request_id, None)
+        if entry.request_id in self.mirror and self.mirror.where(entry.request_id)[0] == g:
+            self.mirror.finish(entry.request_id)
+        self.entries[entry.request_id] = (entry, req)
+        try:
+            self.pool.add(req)
+        except PoolFullError:
+            self.overflow.append(req)
+        assert self._wake is not None
+        self._wake.set()

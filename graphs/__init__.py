@@ -1,0 +1,1 @@
+"""Deployable Ray Serve graphs (``serve run graphs.balance_route:app``)."""
