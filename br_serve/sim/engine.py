@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 
 from br_serve.core import (
+    ClusterSnapshot,
     FinishedRequests,
     PolicyContext,
     PoolRequest,
     PromptPool,
+    RunningRequests,
     TerminationPredictor,
     make_policy,
     parse_policy_config,
@@ -60,39 +62,54 @@ class _Steps:
         self.sample_step: list[int] = []
         self.sample_loads: list[np.ndarray] = []
 
-    def stretch(self, st: ClusterState, c: float, n: int, t: float, step: int,
-                pool_len: int, deadline_s: float | None) -> tuple[int, float]:
-        """Record up to ``n`` steps from the current state; stop early after the step
-        that ends at or past ``deadline_s``. Returns (steps taken, time at their end)."""
+    def stretch(self, st: ClusterState, load_i: np.ndarray, cnt_i: np.ndarray, c: float,
+                n: int, t: float, step: int, pool_len: int,
+                deadline_s: float | None) -> tuple[int, float]:
+        """Record up to ``n`` steps from loads ``load_i`` / counts ``cnt_i``; stop early
+        after the step that ends at or past ``deadline_s``. Returns (steps, end time)."""
         alive = st.alive
-        occ = st.occupied
-        load = ((st.prompt + st.decoded) * occ).sum(axis=1)[alive].astype(np.float64)
-        cnt = occ.sum(axis=1)[alive].astype(np.float64)
-        a, b = st.step_a[alive], st.step_b[alive]
-        j = np.arange(n, dtype=np.float64)
-        loads = load[:, None] + cnt[:, None] * j[None, :]
-        per = a[:, None] * loads + (c * cnt + b)[:, None]
-        tau = per.max(axis=0)
-        ends = t + np.cumsum(tau)
-        if deadline_s is not None:
-            hit = int(np.searchsorted(ends, deadline_s, side="left"))
-            if hit < n:
-                n = hit + 1
-                tau, loads, per, ends = tau[:n], loads[:, :n], per[:, :n], ends[:n]
-        mx = loads.max(axis=0)
-        sm = loads.sum(axis=0)
+        all_alive = bool(alive.all())
+        load = (load_i if all_alive else load_i[alive]).astype(np.float64)
+        cnt = (cnt_i if all_alive else cnt_i[alive]).astype(np.float64)
+        a = st.step_a if all_alive else st.step_a[alive]
+        b = st.step_b if all_alive else st.step_b[alive]
+        base = a * load + (c * cnt + b)
         ch = self.chunks
-        ch["tau_s"].append(tau)
-        ch["balanced_tau_s"].append(per.mean(axis=0))
-        ch["max_load_tokens"].append(mx)
-        ch["sum_load_tokens"].append(sm)
-        ch["imbalance_tokens"].append(load.shape[0] * mx - sm)
-        ch["running"].append(np.full(n, cnt.sum(), dtype=np.int64))
+        if n == 1:  # the common case between close events: no 2-D work
+            tau1 = float(base.max())
+            mx = float(load.max())
+            sm = float(load.sum())
+            ch["tau_s"].append(np.array([tau1]))
+            ch["balanced_tau_s"].append(np.array([float(base.mean())]))
+            ch["max_load_tokens"].append(np.array([mx]))
+            ch["sum_load_tokens"].append(np.array([sm]))
+            ch["imbalance_tokens"].append(np.array([load.shape[0] * mx - sm]))
+            ends_last = t + tau1
+        else:
+            j = np.arange(n, dtype=np.float64)
+            loads = load[:, None] + cnt[:, None] * j[None, :]
+            per = base[:, None] + (a * cnt)[:, None] * j[None, :]
+            tau = per.max(axis=0)
+            ends = t + np.cumsum(tau)
+            if deadline_s is not None:
+                hit = int(np.searchsorted(ends, deadline_s, side="left"))
+                if hit < n:
+                    n = hit + 1
+                    tau, loads, per, ends = tau[:n], loads[:, :n], per[:, :n], ends[:n]
+            mx_a = loads.max(axis=0)
+            sm_a = loads.sum(axis=0)
+            ch["tau_s"].append(tau)
+            ch["balanced_tau_s"].append(per.mean(axis=0))
+            ch["max_load_tokens"].append(mx_a)
+            ch["sum_load_tokens"].append(sm_a)
+            ch["imbalance_tokens"].append(load.shape[0] * mx_a - sm_a)
+            ends_last = float(ends[-1])
+        ch["running"].append(np.full(n, int(cnt.sum()), dtype=np.int64))
         ch["pool"].append(np.full(n, pool_len, dtype=np.int64))
         self.sample_t.append(t)
         self.sample_step.append(step)
-        self.sample_loads.append(((st.prompt + st.decoded) * occ).sum(axis=1))
-        return n, float(ends[-1])
+        self.sample_loads.append(load_i)
+        return n, ends_last
 
     def series(self) -> StepSeries:
         cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.chunks.items()}
@@ -104,6 +121,38 @@ class _Steps:
             imbalance_tokens=cat["imbalance_tokens"], running=cat["running"].astype(np.int64),
             pool=cat["pool"].astype(np.int64), sample_t_s=np.asarray(self.sample_t),
             sample_step=np.asarray(self.sample_step, dtype=np.int64), sample_loads=loads)
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    out = np.array(a, copy=True)
+    out.flags.writeable = False
+    return out
+
+
+class _SnapshotMaker:
+    """Cheap snapshots for policies that need replica totals only.
+
+    ``ClusterState`` already guarantees the invariants ``ClusterSnapshot.build`` checks,
+    and slots / limits / coefficients never change during a run (no failures are
+    simulated), so the constant arrays are frozen once and only loads and counts are
+    copied per tick.
+    """
+
+    def __init__(self, st: ClusterState) -> None:
+        self.slots = _ro(st.slots)
+        self.kv = _ro(st.kv_limit)
+        self.alive = _ro(st.alive)
+        self.a = _ro(st.step_a)
+        self.b = _ro(st.step_b)
+        self.free_cap = np.where(st.alive, st.slots, 0)
+        self.empty = RunningRequests.empty()
+
+    def free(self, cnt: np.ndarray) -> int:
+        return int((self.free_cap - np.where(self.alive, cnt, 0)).sum())
+
+    def snapshot(self, load: np.ndarray, cnt: np.ndarray) -> ClusterSnapshot:
+        return ClusterSnapshot(_ro(load), _ro(cnt), self.slots, self.kv, self.alive,
+                               self.a, self.b, self.empty)
 
 
 def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | None = None,
@@ -174,12 +223,15 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
 
         bar = tqdm(total=n, desc=config.label, unit="req", mininterval=0.5)
 
+    fast = _SnapshotMaker(st)
     while True:
         if feeder.deliver(t, k, pool):
             changed = True
-        while changed and len(pool) and int(st.free_slots().sum()) > 0:
+        cnt = st.running_requests()
+        while changed and len(pool) and fast.free(cnt) > 0:
             changed = False
-            snap = st.snapshot(detail=detail, oracle=oracle)
+            snap = (st.snapshot(detail=True, oracle=oracle) if detail
+                    else fast.snapshot(st.load_tokens(), cnt))
             t0 = time.perf_counter_ns()
             res = policy.schedule(snap, pool, t, k)
             tick_ns.append(time.perf_counter_ns() - t0)
@@ -192,13 +244,14 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
                 admit_step[i] = k
                 replica[i] = a.replica
                 enqueue_s[i] = req.enqueued_s
+            cnt = st.running_requests()
             if feeder.on_room(t, k, pool):
                 changed = True
         changed = False
         if steady_steps is None and config.saturated and not len(pool) and feeder.exhausted:
             steady_steps = k
         occ = st.occupied
-        if not occ.any():
+        if not cnt.any():
             if feeder.exhausted and not len(pool):
                 break
             nxt = feeder.next_event_s()
@@ -209,10 +262,9 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
             continue
         rem = int(np.where(occ, st.target - st.decoded, _NEVER).min())
         todo = min(rem, config.max_stretch_steps)
-        deadline = None
-        if int(st.free_slots().sum()) > 0:
-            deadline = feeder.next_event_s()
-        took, t = steps.stretch(st, c, todo, t, k, len(pool), deadline)
+        deadline = feeder.next_event_s() if fast.free(cnt) > 0 else None
+        took, t = steps.stretch(st, st.load_tokens(), cnt, c, todo, t, k, len(pool),
+                                deadline)
         st.advance(took)
         k += took
         if took < rem:
