@@ -1,0 +1,134 @@
+"""``br-serve sim``: replay a trace through the simulator under several policies.
+
+Every combination of ``--policies`` x ``--replicas`` (and, for ``brh``, each name in
+``--predictor``) is one run; all runs share the trace, seed and cluster parameters.
+A policy entry ``brh:NAME`` pins that run's predictor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(name: str, text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in _csv(text)]
+    except ValueError:
+        raise ValueError(f"--{name}: expected comma-separated integers, got {text!r}") from None
+    if not vals:
+        raise ValueError(f"--{name}: empty")
+    return vals
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, val = text.partition("=")
+    if not sep:
+        raise ValueError(f"--policy-option: expected KEY=VALUE, got {text!r}")
+    for conv in (int, float):
+        try:
+            return key, conv(val)
+        except ValueError:
+            pass
+    return key, val
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("sim", help="simulate policies on a trace (deterministic)",
+                       description=__doc__)
+    p.add_argument("--trace", required=True, help="trace file")
+    p.add_argument("--format", default="auto",
+                   choices=["auto", "azure", "mooncake", "servegen", "burstgpt", "jsonl"])
+    p.add_argument("--limit", type=int, default=None, help="first N requests (after filters)")
+    p.add_argument("--min-output", type=int, default=None)
+    p.add_argument("--max-output", type=int, default=None)
+    p.add_argument("--start-s", type=float, default=None)
+    p.add_argument("--end-s", type=float, default=None)
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply arrival times (0.5 = twice the request rate)")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted)")
+    p.add_argument("--policies", default="jsq,br0", help="comma list; brh:NAME pins a predictor")
+    p.add_argument("--replicas", default="8", help="G, or a comma list")
+    p.add_argument("--slots", type=int, default=16, help="B: requests per replica")
+    p.add_argument("--horizon", type=int, default=80)
+    p.add_argument("--predictor", default=None,
+                   help="predictor(s) for brh, comma list (survival, exact, oracle, ...)")
+    p.add_argument("--predictor-model", default=None, help="model file for 'learned'")
+    p.add_argument("--saturated", action="store_true", help="all requests at t=0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-limit", type=int, default=None, help="KV tokens per replica")
+    p.add_argument("--pool-capacity", type=int, default=65536)
+    p.add_argument("--prefill-instances", type=int, default=8)
+    p.add_argument("--prefill-p0-s", type=float, default=0.02)
+    p.add_argument("--prefill-p1-s", type=float, default=2e-5, help="seconds per prompt token")
+    p.add_argument("--step-a", type=float, default=5e-7, help="s per KV token")
+    p.add_argument("--step-b", type=float, default=0.03, help="s per step")
+    p.add_argument("--step-c", type=float, default=0.0, help="s per running request")
+    p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra policy config field (repeatable), e.g. r_max=4")
+    p.add_argument("--series-max-rows", type=int, default=200_000)
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--progress", action="store_true", help="progress bar on stderr")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from br_serve.sim.config import parse_sim_config
+    from br_serve.sim.engine import simulate
+    from br_serve.sim.output import write_outputs
+    from br_serve.traces import load_trace
+
+    trace = load_trace(args.trace, args.format, limit=args.limit, min_output=args.min_output,
+                       max_output=args.max_output, start_s=args.start_s, end_s=args.end_s,
+                       time_scale=args.time_scale, skip_bad=args.skip_bad)
+    if len(trace) == 0:
+        raise ValueError(f"--trace: no requests left in {args.trace} after the filters")
+    if trace.skipped_lines:
+        print(f"sim: skipped {trace.skipped_lines} malformed line(s) in {args.trace}",
+              file=sys.stderr)
+    options = dict(_option(o) for o in args.policy_option)
+    preds = _csv(args.predictor) if args.predictor else [None]
+    plan: list[tuple[str, str | None, int]] = []
+    for g in _ints("replicas", args.replicas):
+        for entry in _csv(args.policies):
+            pol, _, pinned = entry.partition(":")
+            if pinned:
+                plan.append((pol, pinned, g))
+            elif pol == "brh":
+                plan.extend((pol, pr, g) for pr in preds)
+            else:
+                plan.append((pol, None, g))
+    results = []
+    for pol, pred, g in plan:
+        cfg = parse_sim_config(
+            policy=pol, predictor=pred, predictor_model_path=args.predictor_model,
+            replicas=g, slots=args.slots, kv_limit_tokens=args.kv_limit,
+            horizon=args.horizon, seed=args.seed, saturated=args.saturated,
+            step_a_s_per_token=args.step_a, step_b_s=args.step_b,
+            step_c_s_per_request=args.step_c, prefill_instances=args.prefill_instances,
+            prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
+            pool_capacity=args.pool_capacity)
+        t0 = time.perf_counter()
+        res = simulate(trace, cfg, options, progress=args.progress)
+        s = res.summary()
+        print(f"{cfg.label:>24} G={g:<3} imbalance {s['mean_imbalance_tokens'] or 0:>12,.0f} "
+              f"thr {s['throughput_tok_s'] or 0:>9,.1f} tok/s (bound "
+              f"{s['balanced_bound_tok_s'] or 0:,.1f}) TPOT p95 {s['tpot_p95_ms'] or 0:.1f} ms "
+              f"| {s['steps']} steps in {time.perf_counter() - t0:.1f} s", flush=True)
+        results.append(res)
+    meta = {"trace": {"path": str(args.trace), "source": trace.source,
+                      "requests": len(trace), "skipped_lines": trace.skipped_lines,
+                      "dropped_rows": trace.dropped_rows},
+            "argv": sys.argv[1:]}
+    write_outputs(results, args.out, meta=meta, max_rows=args.series_max_rows,
+                  plots=not args.no_plots)
+    print(f"sim: wrote {args.out}/summary.json, results.md, series/, loads/"
+          f"{'' if args.no_plots else ', plots/'}")
+    return 0
