@@ -30,12 +30,14 @@ class SegmentAnswer:
 
     ``alive[j]``: samples of the segment with ``o > a`` (the request's peers that were
     still running at its age); ``p_fin`` is 0 and ``mu_rem`` is ``H`` where it is 0.
+    ``total`` / ``mean_all``: size and mean of the whole segment (mean 0 when empty).
     """
 
     p_fin: FloatArray
     mu_rem: FloatArray
     alive: IntArray
     total: IntArray
+    mean_all: FloatArray
 
 
 class SegmentedSamples:
@@ -121,9 +123,12 @@ class SegmentedSamples:
         with np.errstate(divide="ignore", invalid="ignore"):
             p_fin = np.where(alive > 0, fin / np.maximum(alive, 1), 0.0)
             mean_o = (self._csum[hi] - self._csum[lo]) / np.maximum(fin, 1)
+            total = end - start
+            mean_all = (self._csum[end] - self._csum[start]) / np.maximum(total, 1)
         mu = np.where(fin > 0, mean_o - a, float(horizon))
         return SegmentAnswer(p_fin=p_fin.astype(np.float64), mu_rem=mu.astype(np.float64),
-                             alive=alive.astype(np.int64), total=(end - start).astype(np.int64))
+                             alive=alive.astype(np.int64), total=total.astype(np.int64),
+                             mean_all=mean_all.astype(np.float64))
 
 
 class SampleMemory:

@@ -6,14 +6,15 @@ Uses the core's ``brh`` policy unchanged (``make_policy`` with an injected clock
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from br_serve.core import (
     ClusterSnapshot,
     PolicyContext,
-    PromptPool,
     PoolRequest,
+    PromptPool,
     RunningRequests,
     make_policy,
     parse_policy_config,
@@ -63,7 +64,7 @@ def _cluster() -> ClusterSnapshot:
     return ClusterSnapshot.build([100, 60], [1, 1], slots=2, running=run)
 
 
-def _brh(predictor: object, clock: Callable[[], float] = lambda: 0.0):  # type: ignore[no-untyped-def]
+def _brh(predictor: object, clock: Callable[[], float] = lambda: 0.0) -> Any:
     cfg = parse_policy_config(policy="brh", horizon=H)
     return make_policy(cfg, PolicyContext(predictor=predictor, clock=clock))  # type: ignore[arg-type]
 
@@ -74,13 +75,13 @@ def _closed_loads() -> np.ndarray:
 
 
 def test_p_below_half_means_survives_the_window() -> None:
-    loads, ok = _brh(Fixed(0.49, 2.0)).projected(_cluster())  # type: ignore[attr-defined]
+    loads, ok = _brh(Fixed(0.49, 2.0)).projected(_cluster())
     assert ok
     np.testing.assert_array_equal(loads, _closed_loads())
 
 
 def test_p_at_or_above_half_ends_the_request_after_mu_steps() -> None:
-    loads, ok = _brh(Fixed(0.5, 3.0)).projected(_cluster())  # type: ignore[attr-defined]
+    loads, ok = _brh(Fixed(0.5, 3.0)).projected(_cluster())
     assert ok
     expect = _closed_loads()
     expect[:, 3:] = 0.0  # both requests projected to end after 3 steps
@@ -91,12 +92,12 @@ def test_survival_predictor_drives_the_gate() -> None:
     # History where 40% end within H of a=0: the gate stays closed.
     surv = make_predictor("survival", min_samples=1)
     warm_start(surv, [1] * 5, [5, 5, 500, 500, 500])
-    loads, _ = _brh(surv).projected(_cluster())  # type: ignore[attr-defined]
+    loads, _ = _brh(surv).projected(_cluster())
     np.testing.assert_array_equal(loads, _closed_loads())
     # One more short request: 3/6 = 0.5 for the fresh request on replica 1 (a=0);
     # the request on replica 0 (a=10) outlived the 5s: p = 0 for it.
     warm_start(surv, [1], [5])
-    loads, _ = _brh(surv).projected(_cluster())  # type: ignore[attr-defined]
+    loads, _ = _brh(surv).projected(_cluster())
     expect = _closed_loads()
     expect[1, 5:] = 0.0
     np.testing.assert_array_equal(loads, expect)
@@ -125,7 +126,7 @@ def test_timed_out_predictor_degrades_to_closed_gate() -> None:
     ref = _brh(Fixed(0.0, 0.0)).schedule(_cluster(), _pool(), 0.0, 0)
     assert not res.predictor_ok
     assert res.assignments == ref.assignments
-    loads, ok = _brh(slow, clock=lambda: now[0]).projected(_cluster())  # type: ignore[attr-defined]
+    loads, ok = _brh(slow, clock=lambda: now[0]).projected(_cluster())
     assert not ok
     np.testing.assert_array_equal(loads, _closed_loads())
 
