@@ -50,8 +50,10 @@ def _entry_bytes(name: str, value: Any) -> tuple[dict[str, Any], np.ndarray]:
         raw = np.frombuffer(memoryview(value).cast("B"), dtype=np.uint8)
         return {"name": name, "lib": "bytes", "dtype": "uint8", "shape": [raw.size]}, raw
     if isinstance(value, np.ndarray):
-        arr = np.ascontiguousarray(value)
-        meta = {"name": name, "lib": "numpy", "dtype": arr.dtype.str, "shape": list(arr.shape)}
+        # (np.ascontiguousarray would turn a 0-d array into 1-d: keep value's shape)
+        arr = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+        meta = {"name": name, "lib": "numpy", "dtype": arr.dtype.str,
+                "shape": list(value.shape)}
         return meta, arr.reshape(-1).view(np.uint8)
     if _is_tensor(value):
         import torch
@@ -112,6 +114,8 @@ def _decode_entry(meta: dict[str, Any], raw: np.ndarray) -> Any:
         tdtype = getattr(torch, dtype, None)
         if not isinstance(tdtype, torch.dtype):
             raise PayloadError(f"unknown torch dtype {dtype!r}")
+        if not raw.flags.writeable:  # torch tensors cannot wrap read-only memory safely
+            raw = raw.copy()
         return torch.from_numpy(raw).view(tdtype).reshape(shape)
     raise PayloadError(f"unknown entry library {lib!r}")
 

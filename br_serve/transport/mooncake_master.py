@@ -51,8 +51,7 @@ class MooncakeMaster:
         self._proc: subprocess.Popen[bytes] | None = None
         # closed in stop(): the file must outlive this call for the subprocess
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
-            prefix="mooncake_master_", suffix=".log",
-                                                delete=False)
+            prefix="mooncake_master_", suffix=".log", delete=False)
 
     @property
     def address(self) -> str:

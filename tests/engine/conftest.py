@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,8 @@ def generate_greedy(model_path: Path, prompts: tuple[str, ...], max_new: int) ->
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), local_files_only=True).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_path), local_files_only=True)
+    model.eval()
     tok = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
     out = []
     with torch.no_grad():
