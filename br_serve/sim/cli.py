@@ -60,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--predictor", default=None,
                    help="predictor(s) for brh, comma list (survival, exact, oracle, ...)")
     p.add_argument("--predictor-model", default=None, help="model file for 'learned'")
+    p.add_argument("--warm-start", default=None, metavar="TRACE",
+                   help="feed this (earlier) trace to each predictor as finished history")
     p.add_argument("--saturated", action="store_true", help="all requests at t=0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-limit", type=int, default=None, help="KV tokens per replica")
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from br_serve.sim.config import parse_sim_config
     from br_serve.sim.engine import simulate
     from br_serve.sim.output import write_outputs
+    from br_serve.sim.predict import build_predictor, warm_start_from
     from br_serve.traces import load_trace
 
     trace = load_trace(args.trace, args.format, limit=args.limit, min_output=args.min_output,
@@ -94,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sim: skipped {trace.skipped_lines} malformed line(s) in {args.trace}",
               file=sys.stderr)
     options = dict(_option(o) for o in args.policy_option)
+    history = load_trace(args.warm_start, skip_bad=args.skip_bad) if args.warm_start else None
     preds = _csv(args.predictor) if args.predictor else [None]
     plan: list[tuple[str, str | None, int]] = []
     for g in _ints("replicas", args.replicas):
@@ -116,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
             prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
             pool_capacity=args.pool_capacity)
         t0 = time.perf_counter()
-        res = simulate(trace, cfg, options, progress=args.progress)
+        predictor = build_predictor(cfg)
+        if predictor is not None and history is not None:
+            warm_start_from(predictor, history)
+        res = simulate(trace, cfg, options, predictor=predictor, progress=args.progress)
         s = res.summary()
         print(f"{cfg.label:>24} G={g:<3} imbalance {s['mean_imbalance_tokens'] or 0:>12,.0f} "
               f"thr {s['throughput_tok_s'] or 0:>9,.1f} tok/s (bound "

@@ -47,7 +47,8 @@ _NEVER = np.iinfo(np.int64).max
 def _prefix_hashes(trace: Trace) -> list[int]:
     if trace.hash_ids is None:
         return [-1] * len(trace)
-    # Hash of the whole block list; tuples of ints hash the same in every process.
+    # Hash of the whole block list; tuples of ints hash the same in every process
+    # (no PYTHONHASHSEED salt for ints), so runs replay exactly.
     return [hash(h) & ((1 << 62) - 1) if h else -1 for h in trace.hash_ids]
 
 

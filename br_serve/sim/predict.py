@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import importlib
 
-from br_serve.core import OracleHook, SurvivesWindow, TerminationPredictor
+import numpy as np
+
+from br_serve.core import FinishedRequests, OracleHook, SurvivesWindow, TerminationPredictor
 from br_serve.sim.config import SimConfig
+from br_serve.traces import Trace
 
 
 def build_predictor(config: SimConfig) -> TerminationPredictor | None:
@@ -35,3 +38,14 @@ def build_predictor(config: SimConfig) -> TerminationPredictor | None:
         name, horizon=config.horizon, model_path=config.predictor_model_path,
         seed=config.seed)
     return pred
+
+
+def warm_start_from(predictor: TerminationPredictor, trace: Trace) -> None:
+    """Feed every request of ``trace`` to ``predictor`` as finished history."""
+    n = len(trace)
+    hids = trace.hash_ids
+    prefix = np.asarray([hash(h) & ((1 << 62) - 1) if h else -1 for h in hids]
+                        if hids is not None else np.full(n, -1), dtype=np.int64)
+    predictor.observe(FinishedRequests(
+        prompt_tokens=trace.input_tokens, output_tokens=trace.output_tokens,
+        prefix_hash=prefix, finish_s=np.zeros(n), hash_ids=hids))

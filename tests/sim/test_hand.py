@@ -77,3 +77,17 @@ def test_prefill_delays_and_capacity() -> None:
     assert first[0] == pytest.approx(0.13)
     # r0 ends at 0.151; r1 lands at 0.214 with nothing running and is admitted then.
     assert first[1] == pytest.approx(0.214 + 0.014)
+
+
+def test_full_pool_stalls_prefill() -> None:
+    # G=1, B=1, pool of 1, two prefill instances of 0.1 s; steps cost exactly b = 30 ms.
+    cfg = SimConfig(policy="br0", replicas=1, slots=1, pool_capacity=1, step_a_s_per_token=0.0,
+                    step_b_s=0.03, prefill_instances=2, prefill_p0_s=0.1,
+                    prefill_p1_s_per_token=0.0)
+    trace = Trace.build([0.0, 0.0, 0.0], [10, 10, 10], [10, 1, 1], source="stall")
+    res = simulate(trace, cfg)
+    # t=0.1: r0 and r1 finish prefill; r0 takes the pool's one place, r1 waits on its
+    # instance; the tick admits r0 and r1 enters. r2 (prefilled on r0's instance from
+    # 0.1 to 0.2) finds the pool full until r0 finishes at 0.1 + 10 * 0.03 = 0.4.
+    np.testing.assert_allclose(res.enqueue_s, [0.1, 0.1, 0.4], atol=1e-12)
+    assert res.admit_step.tolist() == [0, 10, 11]
