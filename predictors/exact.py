@@ -6,6 +6,11 @@ is answered from that key's samples exactly as the survival model answers from t
 global ones. Every other request (unseen key, no key, or a request that outlived all of
 its key's samples) falls back to the embedded :class:`SurvivalPredictor`.
 
+Shrinkage: with ``prior_weight = w > 0`` a key's answer is blended with the survival
+answer as if the survival distribution contributed ``w`` extra samples:
+``p = (n_alive * p_key + w * p_surv) / (n_alive + w)`` (and ``mu_rem`` likewise, weighted
+by the expected number of finishers), which tempers the 0/1 answers of keys seen once.
+
 Bounded memory: at most ``per_key_samples`` (latest) outputs per key and ``max_keys``
 keys; the key observed longest ago is evicted first.
 """
@@ -34,6 +39,7 @@ class ExactConfig(BaseModel):
     per_key_samples: int = Field(default=16, ge=1)
     max_keys: int = Field(default=65536, ge=1)
     min_key_samples: int = Field(default=1, ge=1)
+    prior_weight: float = Field(default=2.0, ge=0)
     survival: SurvivalConfig = SurvivalConfig()
 
 
@@ -102,5 +108,14 @@ class ExactMatchPredictor:
             return base
         keys = self.keys_of(running.hash_ids, running.prefix_hash)
         ans, use = self.key_answer(keys, running.decoded_tokens, horizon_steps)
-        return Prediction(p_fin=np.where(use, ans.p_fin, base.p_fin),
-                          mu_rem=np.where(use, ans.mu_rem, base.mu_rem))
+        p_key, mu_key = ans.p_fin, ans.mu_rem
+        w = self.config.prior_weight
+        if w > 0:
+            n = ans.alive.astype(np.float64)
+            p_key = (n * ans.p_fin + w * base.p_fin) / (n + w)
+            fk, fs = n * ans.p_fin, w * base.p_fin
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mu_mix = (fk * ans.mu_rem + fs * base.mu_rem) / (fk + fs)
+            mu_key = np.where(fk + fs > 0, mu_mix, float(horizon_steps))
+        return Prediction(p_fin=np.where(use, p_key, base.p_fin),
+                          mu_rem=np.where(use, mu_key, base.mu_rem))

@@ -99,7 +99,8 @@ def fit(x: np.ndarray, remaining: IntArray, horizon: int, config: FeatureConfig,
     f, hd = x.shape[1], o.hidden
 
     def init(fan_in: int, shape: tuple[int, ...]) -> torch.Tensor:
-        return (torch.randn(shape, generator=gen) * (2.0 / fan_in) ** 0.5).requires_grad_()
+        t: torch.Tensor = torch.randn(shape, generator=gen) * (2.0 / fan_in) ** 0.5
+        return t.requires_grad_()
 
     params = {
         "w1": init(f, (f, hd)), "b1": torch.zeros(hd, requires_grad=True),
@@ -126,7 +127,7 @@ def fit(x: np.ndarray, remaining: IntArray, horizon: int, config: FeatureConfig,
                 loss = loss + o.mu_weight * torch.mean(
                     (torch.sigmoid(mu_raw[pos]) - r[idx][pos]) ** 2)
             optim.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optim.step()
     # Platt scaling on the held-out, later slice: p = sigmoid(a * logit + b).
     with torch.no_grad():
@@ -147,7 +148,7 @@ def fit(x: np.ndarray, remaining: IntArray, horizon: int, config: FeatureConfig,
     info = {"n_fit": n_fit, "n_calibration": n_cal, "positive_rate": float(y_all.mean()),
             "options": o.__dict__ if hasattr(o, "__dict__") else {
                 k: getattr(o, k) for k in o.__slots__}}
-    return LearnedModel(tensors, horizon, float(ab[0]), float(ab[1]), config,
+    return LearnedModel(tensors, horizon, float(ab[0].detach()), float(ab[1].detach()), config,
                         FEATURE_NAMES, info)
 
 

@@ -72,7 +72,7 @@ def test_survival_prompt_buckets_fall_back_to_global_when_small() -> None:
 
 
 def test_exact_hits_reuse_the_key_and_misses_fall_back() -> None:
-    p = make_predictor("exact", prefix_blocks=2, survival={"min_samples": 1})
+    p = make_predictor("exact", prefix_blocks=2, prior_weight=0, survival={"min_samples": 1})
     warm_start(p, [1, 1, 1, 1], [50, 60, 500, 5],
                hash_ids=[(0, 1, 2), (0, 1, 3), (0, 2), (0, 3)])
     batch = running([1, 1, 1, 1, 1], [0, 55, 0, 0, 61],
@@ -89,8 +89,20 @@ def test_exact_hits_reuse_the_key_and_misses_fall_back() -> None:
     np.testing.assert_allclose(pred.p_fin[[3, 4]], surv.p_fin[[3, 4]])
 
 
+def test_exact_shrinks_small_keys_toward_survival() -> None:
+    # key (0,1) = {50, 60}; survival = {5, 50, 60, 500}; a=0, H=20, w=2:
+    # p = (2 * 0 + 2 * 1/4) / (2 + 2) = 1/8; only survival finishers -> mu = 5.
+    # a=55: key alive {60} finishes (p=1, mu=5), survival alive {60, 500}: p=1/2, mu=5
+    # -> p = (1 * 1 + 2 * 1/2) / 3 = 2/3, mu = (1*5 + 1*5) / 2 = 5.
+    p = make_predictor("exact", prior_weight=2, survival={"min_samples": 1})
+    warm_start(p, [1] * 4, [50, 60, 500, 5], hash_ids=[(0, 1), (0, 1, 3), (0, 2), (0, 3)])
+    pred = p.predict(running([1, 1], [0, 55], hash_ids=[(0, 1, 7), (0, 1)]), 20)
+    np.testing.assert_allclose(pred.p_fin, [1 / 8, 2 / 3])
+    np.testing.assert_allclose(pred.mu_rem, [5.0, 5.0])
+
+
 def test_exact_uses_prefix_hash_without_hash_ids_and_evicts_old_keys() -> None:
-    p = make_predictor("exact", max_keys=1, per_key_samples=2)
+    p = make_predictor("exact", max_keys=1, per_key_samples=2, prior_weight=0)
     p.observe(finished_requests([1, 1, 1], [30, 31, 32], prefix_hash=[7, 7, 7]))
     pred = p.predict(running([1], [29], prefix_hash=[7]), 2)
     np.testing.assert_allclose(pred.p_fin, [0.5])  # only the latest two: {31, 32}
