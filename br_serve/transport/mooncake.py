@@ -34,6 +34,8 @@ from br_serve.transport.base import KVHandle, TransportError
 
 DEFAULT_MASTER = "127.0.0.1:50051"
 MASTER_ENV = "MOONCAKE_MASTER"
+HOSTNAME_ENV = "MOONCAKE_LOCAL_HOSTNAME"
+PROTOCOL_ENV = "MOONCAKE_PROTOCOL"
 
 # Names of the codes this transport meets most (mooncake-store/include/types.h).
 ERROR_NAMES = {
@@ -63,6 +65,26 @@ def parse_address(address: str, field: str = "master_address") -> tuple[str, int
     return host, int(port)
 
 
+def default_local_hostname() -> str:
+    """``MOONCAKE_LOCAL_HOSTNAME``, else this node's Ray IP (inside Ray), else loopback.
+
+    Peers pull KV from the writer's segment at this address, so across hosts it must be
+    an address they can reach; loopback only works on one host.
+    """
+    env = os.environ.get(HOSTNAME_ENV)
+    if env:
+        return env
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node_ip: Any = ray.util.get_node_ip_address
+            return str(node_ip())
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
 def probe_master(address: str, timeout_s: float) -> None:
     """Raise :class:`TransportError` unless a TCP connection to ``address`` opens in time."""
     host, port = parse_address(address)
@@ -81,9 +103,11 @@ class MooncakeTransport:
     Args:
         master_address: ``host:port`` of ``mooncake_master``; default: the environment
             variable ``MOONCAKE_MASTER``, else ``127.0.0.1:50051``.
-        local_hostname: the address peers use to reach this process.
+        local_hostname: the address peers use to reach this process; default:
+            :func:`default_local_hostname`.
         metadata_server: ``"P2PHANDSHAKE"`` (no etcd/HTTP metadata service needed).
-        protocol: ``"tcp"`` (CPU hosts) or ``"rdma"``/``"ascend"`` where built in.
+        protocol: ``"tcp"`` (CPU hosts; the tested one) or ``"rdma"`` where the wheel
+            and NICs support it; default: ``MOONCAKE_PROTOCOL``, else ``"tcp"``.
         global_segment_size: bytes this process contributes to the store (must hold
             the KV it has put and not yet released).
         local_buffer_size: the client's transfer buffer.
@@ -96,13 +120,15 @@ class MooncakeTransport:
 
     name = "mooncake"
 
-    def __init__(self, master_address: str | None = None, local_hostname: str = "127.0.0.1",
-                 metadata_server: str = "P2PHANDSHAKE", protocol: str = "tcp",
+    def __init__(self, master_address: str | None = None, local_hostname: str | None = None,
+                 metadata_server: str = "P2PHANDSHAKE", protocol: str | None = None,
                  global_segment_size: int = 512 * 1024**2,
                  local_buffer_size: int = 64 * 1024**2, rdma_devices: str = "",
                  connect_timeout_s: float = 5.0) -> None:
         address = master_address or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
         parse_address(address)
+        local_hostname = local_hostname or default_local_hostname()
+        protocol = protocol or os.environ.get(PROTOCOL_ENV) or "tcp"
         if global_segment_size < 0 or local_buffer_size < 0:
             raise ValueError("global_segment_size/local_buffer_size: must be >= 0")
         self.master_address = address
