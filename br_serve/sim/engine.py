@@ -213,6 +213,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
     replica = np.full(n, -1, dtype=np.int64)
     enqueue_s = np.full(n, np.nan)
     tick_ns: list[int] = []
+    pred_failed = 0
     steps = _Steps()
     t, k = 0.0, 0
     steady_steps: int | None = None
@@ -236,6 +237,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
             t0 = time.perf_counter_ns()
             res = policy.schedule(snap, pool, t, k)
             tick_ns.append(time.perf_counter_ns() - t0)
+            pred_failed += not res.predictor_ok
             if not res.assignments:
                 break
             for a, req in zip(res.assignments, pool.remove_many(res.assignments),
@@ -294,4 +296,5 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
         source=trace.source, arrival_s=np.asarray(arrival, dtype=np.float64),
         output_tokens=np.asarray(output), admit_step=admit_step, replica=replica,
         enqueue_s=enqueue_s, steps=series, tick_ns=np.asarray(tick_ns, dtype=np.int64),
-        steady_steps=steady_steps, wall_s=time.perf_counter() - wall0)
+        steady_steps=steady_steps, wall_s=time.perf_counter() - wall0,
+        predictor_failed_ticks=pred_failed)

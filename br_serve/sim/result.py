@@ -67,6 +67,7 @@ class SimResult:
     tick_ns: np.ndarray
     steady_steps: int | None
     wall_s: float
+    predictor_failed_ticks: int = 0
 
     # -- per request ---------------------------------------------------------------
     def step_end_s(self) -> np.ndarray:
@@ -155,6 +156,7 @@ class SimResult:
             "tick_p50_us": _pct(ticks, 50, 1.0),
             "tick_p99_us": _pct(ticks, 99, 1.0),
             "ticks": int(ticks.size),
+            "predictor_failed_ticks": self.predictor_failed_ticks,
             "makespan_s": makespan,
             "drain_steps": drain["steps"],
             "drain_s": drain["busy_s"],

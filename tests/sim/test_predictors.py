@@ -1,0 +1,61 @@
+"""The simulator feeds predictors: every finished request observed once, oracle exact."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from br_serve.core import FinishedRequests, Prediction, RunningRequests
+from br_serve.sim import SimConfig, simulate
+from br_serve.traces import SyntheticSpec, synthetic_trace
+
+
+class Spy:
+    """Records what the simulator shows it; answers like the oracle."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+        self.checked = 0
+
+    def predict(self, running: RunningRequests, horizon_steps: int) -> Prediction:
+        assert running.true_remaining_steps is None  # only an oracle gets the truth
+        n = len(running)
+        self.checked += n
+        return Prediction(p_fin=np.zeros(n), mu_rem=np.full(n, float(horizon_steps)))
+
+    def observe(self, finished: FinishedRequests) -> None:
+        self.seen.extend(finished.output_tokens.tolist())
+
+
+class OracleSpy(Spy):
+    name = "oracle"
+
+    def __init__(self, outputs: dict[int, int]) -> None:
+        super().__init__()
+        self.outputs = outputs
+
+    def predict(self, running: RunningRequests, horizon_steps: int) -> Prediction:
+        rem = running.true_remaining_steps
+        assert rem is not None
+        for rid, dec, r in zip(running.request_ids, running.decoded_tokens, rem, strict=True):
+            assert r == self.outputs[int(rid[1:])] - dec  # true remaining steps
+        self.checked += len(running)
+        fin = rem <= horizon_steps
+        return Prediction(p_fin=fin.astype(float), mu_rem=rem.astype(float))
+
+
+def test_observe_each_finish_once() -> None:
+    trace = synthetic_trace(SyntheticSpec(requests=200, rate_per_s=30, seed=2))
+    spy = Spy()
+    res = simulate(trace, SimConfig(policy="brh", replicas=3, slots=4), predictor=spy)
+    assert sorted(spy.seen) == sorted(trace.output_tokens.tolist())
+    assert spy.checked > 0
+    assert res.summary()["predictor_failed_ticks"] == 0
+
+
+def test_oracle_sees_true_remaining() -> None:
+    trace = synthetic_trace(SyntheticSpec(requests=150, rate_per_s=30, seed=4))
+    spy = OracleSpy(dict(enumerate(trace.output_tokens.tolist())))
+    simulate(trace, SimConfig(policy="brh", replicas=3, slots=4), predictor=spy)
+    assert spy.checked > 0
