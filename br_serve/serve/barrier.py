@@ -36,13 +36,16 @@ def open_store(host: str, generation: int, timeout_s: float) -> tuple[Any, int]:
 class Barrier:
     """One generation of the decode group (see module docstring).
 
+    Construction blocks until all ``world`` ranks joined (at most ``join_timeout_s``);
+    each :meth:`exchange` waits at most ``timeout_s``.
+
     ``backend`` is ``"gloo"`` on CPU; other backends need a device per rank and go
     through ``torch.distributed``'s default group (one generation per process at a time).
     """
 
     def __init__(self, backend: str, host: str, port: int, rank: int,
                  members: tuple[int, ...], generation: int, timeout_s: float,
-                 store: Any = None) -> None:
+                 store: Any = None, join_timeout_s: float = 60.0) -> None:
         import torch
         import torch.distributed as dist
 
@@ -52,7 +55,9 @@ class Barrier:
         self.generation = generation
         self.backend = backend
         self._torch = torch
-        td = datetime.timedelta(seconds=timeout_s)
+        self._op_timeout = datetime.timedelta(seconds=timeout_s)
+        # Joining waits for every rank's process (slow under load); steps must not.
+        td = datetime.timedelta(seconds=max(timeout_s, join_timeout_s))
         if store is None:
             store = dist.TCPStore(host, port, None, False, timeout=td)
         self._store = store  # rank 0 keeps the master alive as long as the group lives
@@ -84,7 +89,7 @@ class Barrier:
 
                 dist.all_reduce(t)
             else:
-                self._pg.allreduce([t]).wait()
+                self._pg.allreduce([t]).wait(self._op_timeout)
         except Exception as exc:
             raise BarrierError(f"barrier gen {self.generation}: all_reduce failed: {exc}"
                                ) from exc

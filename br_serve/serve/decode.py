@@ -59,7 +59,8 @@ class DecodeReplica:
         self._owner: dict[str, str] = {}  # request id -> ingress owner, while installed/queued
         self._outbox: dict[str, list[StreamEvent]] = collections.defaultdict(list)
         self._barrier: Barrier | None = None
-        self._pending_join: tuple[int, int, tuple[int, ...], int] | None = None
+        self._pending_join: tuple[int, int, tuple[int, ...], int, asyncio.Future[bool]
+                                  ] | None = None
         self._store: Any = None
         self._store_gen = -1
         self._generation = 0
@@ -69,6 +70,7 @@ class DecodeReplica:
         self._loop: asyncio.AbstractEventLoop | None = None  # set by the first admit
         self._poll_wake: dict[str, asyncio.Event] = {}
         self._scheduler: Any = None
+        self._keeper: Any = None
         self._thread = threading.Thread(target=self._run, name=f"decode-{index}", daemon=True)
         self._thread.start()
 
@@ -86,13 +88,23 @@ class DecodeReplica:
         return port
 
     async def join(self, generation: int, rank: int, members: tuple[int, ...],
-                   port: int) -> None:
-        """Leave the current generation and join ``generation`` as ``rank`` of ``members``."""
+                   port: int) -> bool:
+        """Leave the current generation and join ``generation`` as ``rank`` of ``members``.
+
+        Returns once the group is connected (True) or the join failed (False).
+        """
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        done: asyncio.Future[bool] = loop.create_future()
         with self._lock:
             if generation <= self._generation and self._barrier is not None:
-                return
-            self._pending_join = (generation, rank, tuple(members), port)
+                return generation == self._generation
+            if self._pending_join is not None:  # superseded before it was taken
+                self._pending_join[4].get_loop().call_soon_threadsafe(
+                    _resolve, self._pending_join[4], False)
+            self._pending_join = (generation, rank, tuple(members), port, done)
             self._wake_step.notify_all()
+        return await done
 
     async def admit(self, item: Admission) -> bool:
         """Pull the KV and queue ``item``; see the module docstring for the contract."""
@@ -115,6 +127,7 @@ class DecodeReplica:
             self._emit(item.owner, [StreamError(item.request_id, f"kv pull failed: {exc}",
                                                 retryable=True)])
             return True
+        self._release_kv(item.kv.key)
         # Admitted goes out before the step thread can produce this request's tokens.
         self._emit(item.owner, [Admitted(item.request_id, self.index)])
         with self._lock:
@@ -158,6 +171,17 @@ class DecodeReplica:
         if ev is not None:
             ev.set()
 
+    def _release_kv(self, key: str) -> None:
+        """The KV is here now: let the prefill side's keeper drop its reference."""
+        try:
+            if self._keeper is None:
+                from br_serve.serve.kvkeeper import get_keeper
+
+                self._keeper = get_keeper(self.cfg.app_name, self.cfg.namespace, 5.0)
+            self._keeper.release.remote(key)
+        except Exception as exc:  # the TTL frees it eventually
+            log.debug("replica %d: kv release failed: %s", self.index, exc)
+
     def _sched(self) -> Any:
         if self._scheduler is None:
             import ray
@@ -179,17 +203,20 @@ class DecodeReplica:
             store = self._store if pending and self._store_gen == pending[0] else None
         if pending is None:
             return
-        gen, rank, members, port = pending
+        gen, rank, members, port, done = pending
         if self._barrier is not None:
             self._barrier.close()
             self._barrier = None
+        ok = True
         try:
-            self._barrier = Barrier(self.backend, "127.0.0.1", port, rank, members, gen,
-                                    self.cfg.barrier_timeout_s, store=store)
-            self._generation = gen
+            barrier = Barrier(self.backend, "127.0.0.1", port, rank, members, gen,
+                              self.cfg.barrier_timeout_s, store=store)
+            with self._lock:
+                self._barrier, self._generation = barrier, gen
         except BarrierError as exc:
             log.warning("replica %d: %s", self.index, exc)
-            self._tell_scheduler("barrier_failed", self.index, gen)
+            ok = False
+        done.get_loop().call_soon_threadsafe(_resolve, done, ok)
 
     def _run(self) -> None:
         finished: list[tuple[str, int]] = []
@@ -285,6 +312,11 @@ class DecodeReplica:
     def _decoded_of(self, rid: str) -> int:
         fn = getattr(self.engine, "decoded_steps", None)
         return int(fn(rid)) if fn else 0
+
+
+def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 class _WithKV:

@@ -36,12 +36,14 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
     return ingress.bind(prefill.bind(conf), conf)
 
 
-def deploy(cfg: GraphConfig, blocking: bool = False) -> Any:
-    """Start Serve (HTTP on ``cfg.host:cfg.port``) and run the app; returns its handle."""
+def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) -> Any:
+    """Start Serve (HTTP on ``cfg.host:cfg.port``) and run the app; returns its handle
+    once the scheduler is ready (replicas found, barrier group formed)."""
     from ray import serve
 
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    handle = serve.run(build(cfg), name=cfg.app_name, route_prefix="/", blocking=blocking)
+    handle = serve.run(build(cfg), name=cfg.app_name, route_prefix=route_prefix,
+                       blocking=blocking)
     # Wait until the scheduler has found the replicas and formed the barrier group.
     handle.state.remote().result(timeout_s=120)
     return handle

@@ -47,7 +47,7 @@ def _error(status: int, message: str, type_: str, param: str | None = None,
     return JSONResponse(oa.error_body(message, type_, code, param), status_code=status)
 
 
-def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any]]:
+def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any], Any]:
     """Create (or find) the scheduler and decode actors; returns their handles.
 
     Handles come from the creation calls: named-actor registration is asynchronous, so
@@ -56,10 +56,14 @@ def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any]]:
     import ray
 
     from br_serve.serve.decode import DecodeReplica
+    from br_serve.serve.kvkeeper import KVKeeper, keeper_name
     from br_serve.serve.scheduler import Scheduler
 
     cfg = parse_graph_config(config)
     sched_name, decode_names = actor_names(cfg.app_name, cfg.replicas)
+    keeper = ray.remote(KVKeeper).options(  # type: ignore[attr-defined]
+        name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
+        num_cpus=0, max_concurrency=1000).remote()
     decode = [
         ray.remote(DecodeReplica).options(  # type: ignore[attr-defined]
             name=name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
@@ -69,7 +73,16 @@ def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any]]:
         name=sched_name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
         max_restarts=-1, max_task_retries=0, max_concurrency=1000,
     ).remote(config, decode_names)
-    return sched, decode
+    return sched, decode, keeper
+
+
+def _token_dict(tok: Token) -> dict[str, Any]:
+    d = {"index": tok.index, "token_id": tok.token_id, "text": tok.text,
+         "finished": tok.finished, "finish_reason": tok.finish_reason,
+         "prompt_tokens": tok.prompt_tokens, "replica": tok.replica}
+    if tok.error is not None:
+        d["error"] = tok.error
+    return d
 
 
 # The FastAPI wrapping must happen at import time: Serve replicas import this module
@@ -81,8 +94,8 @@ class Ingress:
     def __init__(self, prefill: Any, config: dict[str, Any]) -> None:
         self.cfg = parse_graph_config(config)
         self.api_key = self.cfg.resolved_api_key()
-        sched, decode = _create_actors(self.cfg.model_dump())
-        self.streamer = Streamer(self.cfg, prefill, sched, decode)
+        sched, decode, keeper = _create_actors(self.cfg.model_dump())
+        self.streamer = Streamer(self.cfg, prefill, sched, decode, keeper)
         self._metrics: Any = None
         try:
             from br_serve.serve.metrics import IngressMetrics
@@ -254,11 +267,3 @@ class Ingress:
                 self._metrics.tpot_ms.observe((time.perf_counter() - t_first) * 1e3 / (n - 1))
             yield tok
 
-
-def _token_dict(tok: Token) -> dict[str, Any]:
-    d = {"index": tok.index, "token_id": tok.token_id, "text": tok.text,
-         "finished": tok.finished, "finish_reason": tok.finish_reason,
-         "prompt_tokens": tok.prompt_tokens, "replica": tok.replica}
-    if tok.error is not None:
-        d["error"] = tok.error
-    return d

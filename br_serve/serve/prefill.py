@@ -30,10 +30,20 @@ class PrefillWorker:
         # Engines are not thread-safe; prefill runs in a worker thread, one at a time
         # per replica (Serve spreads concurrent requests over the N replicas).
         self._lock = threading.Lock()
+        self._keeper: Any = None
 
     async def prefill(self, request_id: str, prompt: str | list[int],
                       params: SamplingParams) -> PrefillOutput:
-        return await asyncio.to_thread(self._prefill, request_id, prompt, params)
+        out = await asyncio.to_thread(self._prefill, request_id, prompt, params)
+        if out.kv is not None and out.kv.ref is not None:
+            # keep the object alive past this reply (see br_serve.serve.kvkeeper)
+            if self._keeper is None:
+                from br_serve.serve.kvkeeper import get_keeper
+
+                self._keeper = await asyncio.to_thread(get_keeper, self.cfg.app_name,
+                                                       self.cfg.namespace)
+            await self._keeper.hold.remote(out.kv.key, [out.kv.ref])
+        return out
 
     def _prefill(self, request_id: str, prompt: str | list[int],
                  params: SamplingParams) -> PrefillOutput:

@@ -134,7 +134,8 @@ class Scheduler:
             else:
                 raise RuntimeError(f"scheduler: decode replica {name!r} never appeared")
         self.decode = handles
-        alive, gens = await self._ping_all(list(range(self.g)))
+        # the first ping also waits for the replicas' constructors (slow under load)
+        alive, gens = await self._ping_all(list(range(self.g)), timeout_s=120.0)
         reports = await asyncio.gather(*(self.decode[g].report.remote() for g in alive),
                                        return_exceptions=True)
         for g in range(self.g):
@@ -156,11 +157,13 @@ class Scheduler:
         log.info("scheduler %s ready: generation %d, members %s", self.incarnation,
                  self.generation, self.members)
 
-    async def _ping_all(self, which: list[int]) -> tuple[list[int], dict[int, int]]:
+    async def _ping_all(self, which: list[int], timeout_s: float = _PING_TIMEOUT_S
+                        ) -> tuple[list[int], dict[int, int]]:
         async def one(g: int) -> tuple[int, int] | None:
             try:
-                return await asyncio.wait_for(self.decode[g].ping.remote(),  # type: ignore[no-any-return]
-                                              _PING_TIMEOUT_S)
+                res: tuple[int, int] = await asyncio.wait_for(self.decode[g].ping.remote(),
+                                                              timeout_s)
+                return res
             except Exception:
                 return None
 
@@ -170,14 +173,38 @@ class Scheduler:
         return alive, gens
 
     async def _form_group(self, members: tuple[int, ...]) -> None:
-        self.generation += 1
-        gen = self.generation
-        self.members = members
-        if not members:
-            return
-        port = await self.decode[members[0]].open_store.remote(gen)
-        await asyncio.gather(*(self.decode[m].join.remote(gen, rank, members, port)
-                               for rank, m in enumerate(members)))
+        """Form a new barrier generation among ``members``; drops ranks that fail to join
+        and are dead, and retries (a few times) until every member joined."""
+        for _ in range(5):
+            self.generation += 1
+            gen = self.generation
+            self.members = members
+            if not members:
+                return
+            try:
+                port = await self.decode[members[0]].open_store.remote(gen)
+                oks = await asyncio.gather(*(self.decode[m].join.remote(gen, rank, members, port)
+                                             for rank, m in enumerate(members)),
+                                           return_exceptions=True)
+            except Exception as exc:
+                log.warning("scheduler: forming generation %d failed: %s", gen, exc)
+                oks = [False] * len(members)
+            if all(ok is True for ok in oks):
+                return
+            alive, _ = await self._ping_all(list(members))
+            self._mark_dead([g for g in members if g not in alive])
+            members = tuple(alive)
+        log.error("scheduler: could not form a barrier group among %s", members)
+
+    def _mark_dead(self, dead: list[int]) -> None:
+        import ray
+
+        for g in dead:
+            log.warning("scheduler: decode replica %d is dead", g)
+            self.mirror.set_alive(g, False)
+            self.inflight[g].clear()
+            with contextlib.suppress(Exception):
+                ray.kill(self.decode[g], no_restart=True)
 
     async def _recover(self, generation: int) -> None:
         assert self._group_lock is not None
@@ -185,15 +212,7 @@ class Scheduler:
             if generation < self.generation:
                 return  # already re-formed since that failure
             alive, _ = await self._ping_all(list(self.members))
-            import ray
-
-            for g in self.members:
-                if g not in alive:
-                    log.warning("scheduler: decode replica %d is dead", g)
-                    self.mirror.set_alive(g, False)
-                    self.inflight[g].clear()
-                    with contextlib.suppress(Exception):
-                        ray.kill(self.decode[g], no_restart=True)
+            self._mark_dead([g for g in self.members if g not in alive])
             await self._form_group(tuple(alive))
         assert self._wake is not None
         self._wake.set()

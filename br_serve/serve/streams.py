@@ -80,7 +80,7 @@ class Streamer:
     """Per-ingress-replica request router (see the module docstring)."""
 
     def __init__(self, cfg: GraphConfig, prefill: Any, scheduler: Any,
-                 decode: list[Any]) -> None:
+                 decode: list[Any], keeper: Any = None) -> None:
         self.cfg = cfg
         self.prefill = prefill
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
@@ -91,6 +91,7 @@ class Streamer:
         self._tasks: list[asyncio.Task[None]] = []
         self._scheduler = scheduler
         self._decode = list(decode)
+        self._keeper: Any = keeper
         self._incarnation: str | None = None
         self._seq = 0
 
@@ -286,7 +287,9 @@ class Streamer:
 
     def _forget(self, rid: str) -> None:
         self._queues.pop(rid, None)
-        self._pending.pop(rid, None)
+        entry = self._pending.pop(rid, None)
+        if entry is not None and self._keeper is not None:
+            self._keeper.release.remote(entry.kv.key)  # never admitted: free its KV
         g = self._placement.pop(rid, None)
         if g is not None and g not in self._dead:
             # no-op if it finished; frees the slot if the client went away

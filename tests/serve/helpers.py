@@ -1,0 +1,74 @@
+"""Shared helpers of the Ray integration tests: a local cluster, SSE parsing, checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from br_serve.engine.emulated import token_id, token_text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_ray() -> None:
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    import ray
+
+    ray.init(include_dashboard=False, num_cpus=2, object_store_memory=200 * 1024**2,
+             log_to_driver=False)
+
+
+@dataclass
+class StreamResult:
+    status: int
+    texts: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+    error: str | None = None
+    done: bool = False
+    body: Any = None
+
+
+async def stream_completion(client: httpx.AsyncClient, path: str, payload: dict[str, Any],
+                            headers: dict[str, str] | None = None) -> StreamResult:
+    """POST with ``stream: true`` and parse the SSE events."""
+    async with client.stream("POST", path, json={**payload, "stream": True},
+                             headers=headers) as r:
+        res = StreamResult(r.status_code)
+        if r.status_code != 200:
+            res.body = json.loads(await r.aread())
+            return res
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                res.done = True
+                break
+            ev = json.loads(data)
+            if "error" in ev:
+                res.error = ev["error"]["message"]
+                continue
+            if ev.get("usage"):
+                res.usage = ev["usage"]
+            for ch in ev.get("choices", []):
+                piece = ch.get("text") if "text" in ch else ch["delta"].get("content")
+                if piece:
+                    res.texts.append(piece)
+                if ch.get("finish_reason"):
+                    res.finish_reason = ch["finish_reason"]
+    return res
+
+
+def expected_texts(seed: int, prompt_tokens: int, n: int) -> list[str]:
+    """The emulated engine's tokens for a request with ``seed`` and this prompt length."""
+    return [token_text(token_id(seed, prompt_tokens + i)) for i in range(n)]
