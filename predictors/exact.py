@@ -54,6 +54,8 @@ class ExactMatchPredictor:
         self.fallback = SurvivalPredictor(self.config.survival, rng=rng)
         self._store = SegmentedSamples()
         self._keys: OrderedDict[Hashable, tuple[int, deque[int]]] = OrderedDict()
+        # key -> segment, only for keys with at least min_key_samples (the hot lookup)
+        self._usable: dict[Hashable, int] = {}
         self._next_segment = 0
 
     @property
@@ -74,7 +76,8 @@ class ExactMatchPredictor:
             entry = self._keys.get(key)
             if entry is None:
                 if len(self._keys) >= self.config.max_keys:
-                    _, (old_seg, old_vals) = self._keys.popitem(last=False)
+                    old_key, (old_seg, old_vals) = self._keys.popitem(last=False)
+                    self._usable.pop(old_key, None)
                     for v in old_vals:
                         self._store.remove(old_seg, v)
                 entry = (self._next_segment, deque())
@@ -87,35 +90,49 @@ class ExactMatchPredictor:
             self._store.add(seg, o)
             if len(vals) > cap:
                 self._store.remove(seg, vals.popleft())
+            if len(vals) >= self.config.min_key_samples:
+                self._usable[key] = seg
 
-    def key_answer(self, keys: list[Hashable | None], decoded: IntArray,
+    def key_segments(self, hash_ids: Sequence[tuple[int, ...] | None] | None,
+                     prefix_hash: IntArray) -> IntArray:
+        """Segment of each row's key, -1 where the key is absent or has too few samples.
+
+        Same keys as :func:`predictors.keys.prefix_keys`, computed in one pass (this is
+        the only per-request Python in ``predict``).
+        """
+        get = self._usable.get
+        ph = np.asarray(prefix_hash, dtype=np.int64).tolist()
+        n = len(ph)
+        if hash_ids is None:
+            return np.fromiter((get(h, -1) if h >= 0 else -1 for h in ph), np.int64, n)
+        b = self.config.prefix_blocks
+        if len(hash_ids) != n:
+            raise ValueError(f"hash_ids: {len(hash_ids)} rows for {n} requests")
+        return np.fromiter(
+            (get(tuple(row[:b]) if b > 0 else tuple(row), -1) if row
+             else (get(h, -1) if h >= 0 else -1)
+             for row, h in zip(hash_ids, ph, strict=True)), np.int64, n)
+
+    def key_answer(self, segs: IntArray, decoded: IntArray,
                    horizon_steps: int) -> tuple[SegmentAnswer, BoolArray]:
-        """Per-key answer and the mask of rows it is usable for."""
-        need = self.config.min_key_samples
-        segs = np.full(len(keys), -1, dtype=np.int64)
-        for j, key in enumerate(keys):
-            if key is not None:
-                entry = self._keys.get(key)
-                if entry is not None and len(entry[1]) >= need:
-                    segs[j] = entry[0]
+        """Per-key answer for rows with segment ``segs`` and the mask it is usable for."""
         known = segs >= 0
         ans = self._store.query(np.maximum(segs, 0), decoded, horizon_steps)
         return ans, known & (ans.alive > 0)
 
     def predict(self, running: RunningRequests, horizon_steps: int) -> Prediction:
         base = self.fallback.predict(running, horizon_steps)
-        if len(running) == 0 or not self._keys:
+        if len(running) == 0 or not self._usable:
             return base
-        keys = self.keys_of(running.hash_ids, running.prefix_hash)
-        ans, use = self.key_answer(keys, running.decoded_tokens, horizon_steps)
+        segs = self.key_segments(running.hash_ids, running.prefix_hash)
+        ans, use = self.key_answer(segs, running.decoded_tokens, horizon_steps)
         p_key, mu_key = ans.p_fin, ans.mu_rem
         w = self.config.prior_weight
         if w > 0:
             n = ans.alive.astype(np.float64)
             p_key = (n * ans.p_fin + w * base.p_fin) / (n + w)
             fk, fs = n * ans.p_fin, w * base.p_fin
-            with np.errstate(invalid="ignore", divide="ignore"):
-                mu_mix = (fk * ans.mu_rem + fs * base.mu_rem) / (fk + fs)
+            mu_mix = (fk * ans.mu_rem + fs * base.mu_rem) / np.maximum(fk + fs, 1e-300)
             mu_key = np.where(fk + fs > 0, mu_mix, float(horizon_steps))
         return Prediction(p_fin=np.where(use, p_key, base.p_fin),
                           mu_rem=np.where(use, mu_key, base.mu_rem))

@@ -96,10 +96,9 @@ class FeatureState:
         a = running.decoded_tokens.astype(np.float64)
         surv = self.survival.answer(running.prompt_tokens, running.decoded_tokens,
                                     horizon_steps)
-        keys = self.exact.keys_of(running.hash_ids, running.prefix_hash)
-        kans, use = self.exact.key_answer(keys, running.decoded_tokens, horizon_steps)
-        known = kans.total > 0
-        known &= np.array([k is not None for k in keys], dtype=bool)
+        segs = self.exact.key_segments(running.hash_ids, running.prefix_hash)
+        kans, use = self.exact.key_answer(segs, running.decoded_tokens, horizon_steps)
+        known = (segs >= 0) & (kans.total > 0)
         ex_p = np.where(use, kans.p_fin, surv.p_fin)
         ex_mu = np.where(use, kans.mu_rem, surv.mu_rem)
         key_alive = np.where(known, kans.alive / np.maximum(kans.total, 1), 0.0)

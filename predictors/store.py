@@ -83,52 +83,53 @@ class SegmentedSamples:
         if not (self._add or self._del):
             return
         packed = self._packed
-        if self._del:
-            dels = np.sort(np.array(self._del, dtype=np.int64))
-            # Pending adds may contain the value to delete: merge them first.
-            if self._add:
-                packed = np.sort(np.concatenate([packed, np.array(self._add, np.int64)]))
-                self._add = []
-            # Equal packed values are interchangeable, so delete the k-th occurrence of a
-            # value that is removed k times: position = left(value) + rank among equals.
-            _, first, reps = np.unique(dels, return_index=True, return_counts=True)
-            rank = np.arange(dels.size) - np.repeat(first, reps)
-            pos = np.searchsorted(packed, dels, side="left") + rank
-            if (pos >= packed.size).any() or (packed[np.minimum(pos, packed.size - 1)]
-                                              != dels).any():
-                raise KeyError("SegmentedSamples.remove: value not present")
-            packed = np.delete(packed, pos)
-            self._del = []
+        # Adds first (a removal may target a value added in the same batch); both steps
+        # are O(n) merges into the sorted array, never a full re-sort.
         if self._add:
             adds = np.sort(np.array(self._add, dtype=np.int64))
             packed = np.insert(packed, np.searchsorted(packed, adds), adds)
             self._add = []
+        if self._del:
+            dels = np.sort(np.array(self._del, dtype=np.int64))
+            self._del = []
+            pos = np.searchsorted(packed, dels, side="left")
+            if dels.size > 1 and bool((dels[1:] == dels[:-1]).any()):
+                # Equal packed values are interchangeable: the k-th removal of a value
+                # takes the k-th occurrence (position = first + rank among equals).
+                _, first, reps = np.unique(dels, return_index=True, return_counts=True)
+                pos = pos + (np.arange(dels.size) - np.repeat(first, reps))
+            if bool((pos >= packed.size).any()) or bool((packed[np.minimum(
+                    pos, packed.size - 1)] != dels).any()):
+                raise KeyError("SegmentedSamples.remove: value not present")
+            packed = np.delete(packed, pos)
         self._packed = packed
-        vals = (packed & _VALUE_MAX).astype(np.float64)
-        self._csum = np.concatenate([[0.0], np.cumsum(vals)])
+        csum = np.empty(packed.size + 1, dtype=np.float64)
+        csum[0] = 0.0
+        np.cumsum(packed & _VALUE_MAX, out=csum[1:])
+        self._csum = csum
 
     def query(self, segment: IntArray, decoded: IntArray, horizon: int) -> SegmentAnswer:
         """Survival answer for requests in ``segment`` that decoded ``decoded`` tokens."""
         self._flush()
-        seg = np.asarray(segment, dtype=np.int64) << _SHIFT
-        a = np.clip(np.asarray(decoded, dtype=np.int64), 0, _VALUE_MAX)
-        top = np.minimum(a + int(horizon), _VALUE_MAX)
-        p = self._packed
-        lo = np.searchsorted(p, seg | a, side="right")
-        hi = np.searchsorted(p, seg | top, side="right")
-        end = np.searchsorted(p, seg + (1 << _SHIFT), side="left")
-        start = np.searchsorted(p, seg, side="left")
+        n = len(decoded)
+        base = np.asarray(segment, dtype=np.int64) << _SHIFT
+        a = np.minimum(np.asarray(decoded, dtype=np.int64), _VALUE_MAX - int(horizon))
+        # One searchsorted for all five boundaries (each call has a fixed overhead):
+        # first value > a, first > a + H, first of the next segment, first of this one.
+        q = np.concatenate([base | a, base | (a + int(horizon)),
+                            base + ((1 << _SHIFT) - 1), base - 1])
+        idx = np.searchsorted(self._packed, q, side="right")
+        lo, hi, end, start = idx[:n], idx[n:2 * n], idx[2 * n:3 * n], idx[3 * n:]
         alive = end - lo
         fin = hi - lo
-        with np.errstate(divide="ignore", invalid="ignore"):
-            p_fin = np.where(alive > 0, fin / np.maximum(alive, 1), 0.0)
-            mean_o = (self._csum[hi] - self._csum[lo]) / np.maximum(fin, 1)
-            total = end - start
-            mean_all = (self._csum[end] - self._csum[start]) / np.maximum(total, 1)
-        mu = np.where(fin > 0, mean_o - a, float(horizon))
-        return SegmentAnswer(p_fin=p_fin.astype(np.float64), mu_rem=mu.astype(np.float64),
-                             alive=alive.astype(np.int64), total=total.astype(np.int64),
-                             mean_all=mean_all.astype(np.float64))
+        csum = self._csum
+        p_fin = fin / np.maximum(alive, 1)  # fin <= alive, so 0 where alive == 0
+        mu = np.where(fin > 0, (csum[hi] - csum[lo]) / np.maximum(fin, 1) - a,
+                      float(horizon))
+        total = end - start
+        mean_all = (csum[end] - csum[start]) / np.maximum(total, 1)
+        return SegmentAnswer(p_fin=p_fin, mu_rem=mu, alive=alive, total=total,
+                             mean_all=mean_all)
 
 
 class SampleMemory:
