@@ -14,6 +14,7 @@ exact <= 2 us/request, learned <= 20 us/request. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import tempfile
@@ -85,7 +86,7 @@ def main() -> int:
                    hash_ids=hist_ids)
         for _ in range(5):
             pred.predict(running, args.horizon)
-        steady = _median_us(lambda p=pred: p.predict(running, args.horizon), args.repeat)
+        steady = _median_us(functools.partial(pred.predict, running, args.horizon), args.repeat)
         it = iter(range(0, more.size, args.finish_per_tick))
 
         def tick(p=pred, it=it) -> None:  # type: ignore[no-untyped-def]
