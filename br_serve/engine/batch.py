@@ -53,20 +53,23 @@ class DecodeBatch:
         self._mask = mask
         self._cache = DynamicCache(ddp_cache_data=layers, config=self._model.config)
 
-    def add(self, request_id: str, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Append a row from per-layer KV stacked as ``[layers, H, L, D]`` (on any device).
+    def add(self, rows: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+        """Append rows ``(request_id, keys, values)``, KV stacked ``[layers, H, L, D]``.
+
+        All rows join in one rebuild (one copy of the batch's KV, however many join).
 
         Raises:
-            RuntimeError: the batch is full.
+            RuntimeError: more rows than :meth:`room`.
         """
-        if self.room() <= 0:
+        if len(rows) > self.room():
             raise RuntimeError(f"decode batch full ({self.max_rows} rows)")
-        keys = keys.to(self._device)
-        values = values.to(self._device)
-        n_new = int(keys.shape[2])
+        if not rows:
+            return
+        kvs = [(k.to(self._device), v.to(self._device)) for _, k, v in rows]
+        lengths = [int(k.shape[2]) for k, _ in kvs]
         old = self._layers()
         t_old = int(self._mask.shape[1]) if self._mask is not None else 0
-        t = max(t_old, n_new)
+        t = max(t_old, *lengths)
 
         def left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
             if width == x.shape[2]:
@@ -75,22 +78,23 @@ class DecodeBatch:
             return torch.cat([pad, x], dim=2)
 
         layers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for i in range(int(keys.shape[0])):
-            k_new = left_pad(keys[i].unsqueeze(0), t)
-            v_new = left_pad(values[i].unsqueeze(0), t)
+        for i in range(int(kvs[0][0].shape[0])):
+            ks = [left_pad(k[i].unsqueeze(0), t) for k, _ in kvs]
+            vs = [left_pad(v[i].unsqueeze(0), t) for _, v in kvs]
             if old:
-                k_new = torch.cat([left_pad(old[i][0], t), k_new], dim=0)
-                v_new = torch.cat([left_pad(old[i][1], t), v_new], dim=0)
-            layers.append((k_new, v_new))
-        row_mask = torch.zeros(1, t, dtype=torch.long, device=self._device)
-        row_mask[0, t - n_new:] = 1
+                ks.insert(0, left_pad(old[i][0], t))
+                vs.insert(0, left_pad(old[i][1], t))
+            layers.append((torch.cat(ks, dim=0), torch.cat(vs, dim=0)))
+        new_mask = torch.zeros(len(rows), t, dtype=torch.long, device=self._device)
+        for r, n in enumerate(lengths):
+            new_mask[r, t - n:] = 1
         if self._mask is not None:
             old_mask = torch.cat([torch.zeros(len(self.rows), t - t_old, dtype=torch.long,
                                               device=self._device), self._mask], dim=1)
-            row_mask = torch.cat([old_mask, row_mask], dim=0)
-        self._rebuild(layers, row_mask)
-        self.rows.append(request_id)
-        self.lengths.append(n_new)
+            new_mask = torch.cat([old_mask, new_mask], dim=0)
+        self._rebuild(layers, new_mask)
+        self.rows.extend(rid for rid, _, _ in rows)
+        self.lengths.extend(lengths)
 
     def remove(self, request_ids: set[str]) -> None:
         """Drop the given rows (unknown ids are ignored) and trim all-padding columns."""

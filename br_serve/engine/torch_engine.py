@@ -202,17 +202,20 @@ class TorchEngine:
                                              (keys, values))
 
     def _place_pending(self) -> None:
+        """Put admitted-but-not-batched requests into batches (fullest-last, one rebuild
+        per batch)."""
         from br_serve.engine.batch import DecodeBatch
 
-        for rid, r in self._running.items():
-            if r.pending_kv is None:
-                continue
+        pending = [(rid, r) for rid, r in self._running.items() if r.pending_kv is not None]
+        while pending:
             batch = min((b for b in self._batches if b.room() > 0), key=len, default=None)
             if batch is None:
                 batch = DecodeBatch(self.model, self.device, self.max_batch, self._cache_kwarg)
                 self._batches.append(batch)
-            batch.add(rid, *r.pending_kv)
-            r.batch, r.pending_kv = batch, None
+            take, pending = pending[: batch.room()], pending[batch.room():]
+            batch.add([(rid, *r.pending_kv) for rid, r in take if r.pending_kv is not None])
+            for _, r in take:
+                r.batch, r.pending_kv = batch, None
 
     def step(self) -> list[TokenEvent]:
         """One token for every admitted request; finished requests leave the engine."""

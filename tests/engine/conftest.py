@@ -24,6 +24,18 @@ PROMPTS = (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: on a small shared machine OpenMP spinning makes tiny matmuls
+    ~50x slower under load. Restored afterwards (the setting is process-wide)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, hidden-64 random Llama with its byte-level tokenizer (no downloads)."""
