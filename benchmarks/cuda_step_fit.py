@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from br_serve.engine import device as devmod  # noqa: E402  (before torch)
+from br_serve.engine import device as devmod  # before torch: sets its env
 
 PRESETS: dict[str, dict[str, int]] = {
     # Llama-3-8B shapes (GQA 32/8, head_dim 128), vocab cut to 32k to save memory.
