@@ -303,6 +303,7 @@ class DecodeReplica:
             finished_output_tokens=tuple(f[1] for f in finished),
             members=barrier.members,
             barrier_loads=() if rows is None else tuple(int(x) for x in rows[:, 0]),
+            barrier_running=() if rows is None else tuple(int(x) for x in rows[:, 1]),
             compute_s=compute_s, barrier_s=barrier_s)
 
     def _prompt_of(self, rid: str) -> int:

@@ -75,7 +75,8 @@ class ReplicaReport:
     Rows ``running_ids[j]``, ``prompt_tokens[j]``, ``decoded_tokens[j]`` describe its
     running requests; ``finished_ids`` ended since the previous report.
     ``barrier_loads`` are the loads of ``members`` (replica indices, group rank order)
-    as the step's all-reduce delivered them (empty when no barrier ran).
+    as the step's all-reduce delivered them, ``barrier_running`` their running counts
+    (both empty when no barrier ran).
     """
 
     replica: int
@@ -89,5 +90,6 @@ class ReplicaReport:
     finished_output_tokens: tuple[int, ...]
     members: tuple[int, ...]
     barrier_loads: tuple[int, ...]
+    barrier_running: tuple[int, ...]
     compute_s: float
     barrier_s: float

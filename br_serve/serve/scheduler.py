@@ -269,10 +269,14 @@ class Scheduler:
                 and rep.generation == self.generation):
             loads = np.asarray(rep.barrier_loads, dtype=np.int64)
             imb = int(len(loads) * loads.max() - loads.sum())
-            self.steps += 1
-            self.imbalance_sum += imb
-            self.step_s_sum += rep.compute_s + rep.barrier_s
+            running = int(sum(rep.barrier_running))
+            step_s = rep.compute_s + rep.barrier_s
             self.recent_imbalance.append(imb)
+            if running:  # busy steps only, as the simulator counts them
+                self.steps += 1
+                self.imbalance_sum += imb
+                self.step_s_sum += step_s
+                self.tokens += running
             if self._metrics is not None:
                 self._metrics.imbalance.observe(imb)
         if self._metrics is not None:
@@ -309,13 +313,20 @@ class Scheduler:
         }
 
     async def stats(self) -> dict[str, Any]:
-        """Counters since the last :meth:`reset_stats` (for benchmarks)."""
+        """Counters since the last :meth:`reset_stats` (for benchmarks).
+
+        Step counters cover busy steps (some replica running), measured at the barrier
+        by the group's rank 0: ``throughput_tok_s = tokens / busy_s``, the simulator's
+        definition; ``mean_imbalance_tokens`` is ``G*max(L) - sum(L)`` averaged over them.
+        """
         await self._ensure_ready()
         ticks = np.asarray(self.tick_s, dtype=np.float64)
         return {
             "steps": self.steps,
             "mean_imbalance_tokens": self.imbalance_sum / self.steps if self.steps else 0.0,
             "mean_step_s": self.step_s_sum / self.steps if self.steps else 0.0,
+            "busy_s": self.step_s_sum, "tokens": self.tokens,
+            "throughput_tok_s": self.tokens / self.step_s_sum if self.step_s_sum else 0.0,
             "ticks": len(ticks), "assigned": self.assigned,
             "tick_dispatch_s_total": float(ticks.sum()),
             "tick_dispatch_ms_p50": float(np.percentile(ticks, 50) * 1e3) if len(ticks) else 0.0,
@@ -330,6 +341,7 @@ class Scheduler:
         self.steps = 0
         self.imbalance_sum = 0
         self.step_s_sum = 0.0
+        self.tokens = 0
         self.tick_s: list[float] = []
         self.assigned = 0
         self.dispatch_failures = 0

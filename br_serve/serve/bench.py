@@ -1,0 +1,232 @@
+"""``bench-serve``: replay a trace against the live HTTP endpoint, beside the simulator.
+
+For each policy: deploy the graph (emulated engine, G replicas), replay the trace's
+requests at their (time-scaled) arrival times as streaming ``/v1/completions`` calls,
+check every stream token by token against the emulated engine's deterministic output
+(lost requests, duplicated or missing tokens), read the barrier-measured counters from
+the scheduler, then simulate the same trace and configuration. Writes one JSON file.
+
+Conventions shared with the simulator: a trace request with output ``o`` is sent with
+``max_tokens = o + 1`` (the prefill token plus ``o`` decode steps, the simulator's ``o``);
+throughput is decode tokens per second of busy decode time (steps with work), measured
+at the barrier; the client's wall-clock throughput is reported too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from br_serve.engine.emulated import token_id, token_text
+from br_serve.serve.config import GraphConfig
+
+MODEL = "br-emulated"
+
+
+@dataclass
+class _Req:
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    seed: int
+    status: int = 0
+    sent_s: float = 0.0
+    first_s: float = 0.0
+    last_s: float = 0.0
+    tokens: int = 0
+    bad_tokens: int = 0
+    error: str | None = None
+
+
+async def _one(client: Any, r: _Req, t0: float) -> None:
+    delay = t0 + r.arrival_s - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    r.sent_s = time.perf_counter() - t0
+    payload = {"model": MODEL, "prompt": " ".join(["w"] * r.prompt_tokens),
+               "max_tokens": r.max_tokens, "seed": r.seed, "stream": True}
+    expected = [token_text(token_id(r.seed, r.prompt_tokens + i))
+                for i in range(r.max_tokens)]
+    got: list[str] = []
+    try:
+        async with client.stream("POST", "/v1/completions", json=payload) as resp:
+            r.status = resp.status_code
+            if resp.status_code != 200:
+                r.error = (await resp.aread()).decode()[:200]
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                ev = json.loads(line[6:])
+                if "error" in ev:
+                    r.error = ev["error"]["message"]
+                    continue
+                for ch in ev.get("choices", []):
+                    if ch.get("text"):
+                        now = time.perf_counter() - t0
+                        if not got:
+                            r.first_s = now
+                        r.last_s = now
+                        got.append(ch["text"])
+    except Exception as exc:  # a transport failure is a lost request, not a crash
+        r.error = f"{type(exc).__name__}: {exc}"
+    r.tokens = len(got)
+    # duplicated, missing or wrong tokens: positions that differ from the exact sequence
+    r.bad_tokens = sum(a != b for a, b in zip(got, expected, strict=False)) + abs(
+        len(got) - len(expected))
+
+
+async def _replay(port: int, reqs: list[_Req], timeout_s: float) -> float:
+    import httpx
+
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s,
+                                 limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_one(client, r, t0) for r in reqs))
+        return time.perf_counter() - t0
+
+
+def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, Any]:
+    from ray import serve
+
+    from br_serve.serve.graph import deploy
+
+    handle = deploy(cfg)
+    handle.reset_stats.remote().result()
+    wall = asyncio.run(_replay(cfg.port, reqs, timeout_s))
+    stats = handle.stats.remote().result()
+    serve.delete(cfg.app_name)
+    ok = [r for r in reqs if r.status == 200 and r.error is None and r.bad_tokens == 0]
+    tpot = [(r.last_s - r.first_s) / (r.tokens - 1) for r in ok if r.tokens >= 2]
+    ttft = [r.first_s - r.sent_s for r in ok]
+    gen = sum(r.tokens for r in reqs)
+    step = stats["mean_step_s"]
+    td_per_step = stats["tick_dispatch_s_total"] / stats["steps"] if stats["steps"] else 0.0
+    return {
+        "throughput_tok_s": stats["throughput_tok_s"],
+        "wall_throughput_tok_s": gen / wall if wall > 0 else None,
+        "tpot_p50_ms": float(np.percentile(tpot, 50) * 1e3) if tpot else None,
+        "tpot_p95_ms": float(np.percentile(tpot, 95) * 1e3) if tpot else None,
+        "ttft_p50_ms": float(np.percentile(ttft, 50) * 1e3) if ttft else None,
+        "mean_imbalance_tokens": stats["mean_imbalance_tokens"],
+        "mean_step_ms": step * 1e3,
+        "busy_steps": stats["steps"],
+        "requests": len(reqs),
+        "requests_lost": len(reqs) - len(ok),
+        "bad_tokens": sum(r.bad_tokens for r in reqs),
+        "errors": sorted({r.error for r in reqs if r.error})[:5],
+        "tick_dispatch_ms_p50": stats["tick_dispatch_ms_p50"],
+        "tick_dispatch_ms_p99": stats["tick_dispatch_ms_p99"],
+        "tick_dispatch_share_of_step": td_per_step / step if step else None,
+        "wall_s": wall,
+    }
+
+
+def _simulate(trace: Any, cfg: GraphConfig) -> dict[str, Any] | None:
+    try:
+        from br_serve.sim import parse_sim_config, simulate
+    except ImportError:
+        return None
+    ts = cfg.time_scale
+    scfg = parse_sim_config(
+        policy=cfg.policy, predictor=None if cfg.predictor == "survives" else cfg.predictor,
+        replicas=cfg.replicas, slots=cfg.slots, horizon=cfg.horizon, seed=cfg.seed,
+        step_a_s_per_token=cfg.step_a_s_per_token * ts, step_b_s=cfg.step_b_s * ts,
+        prefill_instances=cfg.prefill_replicas, prefill_p0_s=cfg.prefill_base_s * ts,
+        prefill_p1_s_per_token=cfg.prefill_s_per_token * ts,
+        pool_capacity=cfg.pool_capacity)
+    s = simulate(trace, scfg).summary()
+    return {k: s.get(k) for k in ("throughput_tok_s", "tpot_p50_ms", "tpot_p95_ms",
+                                  "ttft_p50_ms", "mean_imbalance_tokens",
+                                  "balanced_bound_tok_s", "makespan_s", "steps")}
+
+
+def load_workload(trace_path: str | None, limit: int, arrival_scale: float,
+                  max_output: int, max_prompt: int, seed: int) -> Any:
+    """The replayed trace: a file (first ``limit`` requests) or a seeded synthetic one.
+
+    Outputs are clipped to ``max_output`` and prompts to ``max_prompt`` (not dropped),
+    so the replay stays short; arrivals are multiplied by ``arrival_scale``.
+    """
+    from br_serve.traces import SyntheticSpec, Trace, load_trace, synthetic_trace
+
+    if trace_path:
+        tr = load_trace(trace_path, limit=limit)
+    else:
+        tr = synthetic_trace(SyntheticSpec(requests=limit, seed=seed))
+    return Trace.build(np.asarray(tr.arrival_s) * arrival_scale,
+                       np.clip(tr.input_tokens, 1, max_prompt),
+                       np.clip(tr.output_tokens, 1, max_output))
+
+
+def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
+              timeout_s: float = 600.0) -> dict[str, Any]:
+    """Measure and simulate every policy; print a table; write ``out`` (JSON)."""
+    rows: list[dict[str, Any]] = []
+    for pol in policies:
+        cfg = base.model_copy(update={"policy": pol, "app_name": f"bench_{pol}"})
+        reqs = [_Req(i, float(trace.arrival_s[i]), int(trace.input_tokens[i]),
+                     int(trace.output_tokens[i]) + 1, 10_000 + i) for i in range(len(trace))]
+        t = time.perf_counter()
+        meas = _measure(cfg, reqs, timeout_s)
+        sim = _simulate(trace, cfg)
+        rows.append({"policy": pol, "measured": meas, "simulated": sim})
+        print(f"{pol}: measured in {time.perf_counter() - t:.0f}s: "
+              f"{json.dumps({k: meas[k] for k in ('throughput_tok_s', 'requests_lost')})}",
+              flush=True)
+    result = {"config": base.model_dump(exclude={"api_key"}), "requests": len(trace),
+              "rows": rows, "gains": _gains(rows)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(format_table(result))
+    return result
+
+
+def _gains(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {r["policy"]: r for r in rows}
+    if "jsq" not in by:
+        return {}
+    out: dict[str, Any] = {}
+    for pol, r in by.items():
+        if pol == "jsq":
+            continue
+        m0, m1 = by["jsq"]["measured"]["throughput_tok_s"], r["measured"]["throughput_tok_s"]
+        g = {"measured_pct": 100.0 * (m1 / m0 - 1) if m0 else None}
+        if r["simulated"] and by["jsq"]["simulated"]:
+            s0 = by["jsq"]["simulated"]["throughput_tok_s"]
+            s1 = r["simulated"]["throughput_tok_s"]
+            g["simulated_pct"] = 100.0 * (s1 / s0 - 1) if s0 else None
+            if g["measured_pct"] is not None and g["simulated_pct"] is not None:
+                g["difference_pp"] = g["measured_pct"] - g["simulated_pct"]
+        out[f"{pol}_over_jsq"] = g
+    return out
+
+
+def format_table(result: dict[str, Any]) -> str:
+    def f(v: Any, p: int = 1) -> str:
+        return "-" if v is None else f"{v:,.{p}f}"
+
+    lines = ["| policy | thr tok/s (meas / sim) | TPOT P95 ms (meas / sim) | "
+             "imbalance tokens (meas / sim) | lost | bad tokens | tick+dispatch / step |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        m, s = r["measured"], r["simulated"] or {}
+        lines.append(
+            f"| {r['policy']} | {f(m['throughput_tok_s'])} / {f(s.get('throughput_tok_s'))} | "
+            f"{f(m['tpot_p95_ms'])} / {f(s.get('tpot_p95_ms'))} | "
+            f"{f(m['mean_imbalance_tokens'], 0)} / {f(s.get('mean_imbalance_tokens'), 0)} | "
+            f"{m['requests_lost']} | {m['bad_tokens']} | "
+            f"{f(100 * (m['tick_dispatch_share_of_step'] or 0), 2)}% |")
+    for k, g in result["gains"].items():
+        lines.append(f"\n{k}: measured {f(g.get('measured_pct'), 2)}%, simulated "
+                     f"{f(g.get('simulated_pct'), 2)}%, difference "
+                     f"{f(g.get('difference_pp'), 2)} pp")
+    return "\n".join(lines)
