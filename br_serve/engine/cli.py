@@ -18,6 +18,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per size")
     p.add_argument("--mooncake-master", default=None,
                    help="host:port of a running mooncake_master (default: start one)")
+    p.add_argument("--ray-address", default=None,
+                   help="join a running cluster (e.g. auto); default: start a local Ray")
     p.add_argument("--out", default="kv_transfer.json", help="JSON report path")
     p.set_defaults(func=_bench_kv)
 
@@ -42,7 +44,7 @@ def _bench_kv(args: argparse.Namespace) -> int:
     sizes = _parse_sizes(args.sizes_mib)
     from br_serve.engine.kv_bench import format_rows, run_bench
 
-    report = run_bench(transports, sizes, args.reps, args.mooncake_master)
+    report = run_bench(transports, sizes, args.reps, args.mooncake_master, args.ray_address)
     print(json.dumps(report["config"]))
     print(format_rows(report["results"]))
     Path(args.out).write_text(json.dumps(report, indent=2))

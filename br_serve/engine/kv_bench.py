@@ -64,15 +64,19 @@ def bench_transport(transport: str, sizes_mib: list[int], reps: int,
 
 
 def run_bench(transports: list[str], sizes_mib: list[int], reps: int,
-              mooncake_master: str | None = None) -> dict[str, Any]:
-    """Start Ray (and a local Mooncake master if needed and none given); measure all."""
+              mooncake_master: str | None = None,
+              ray_address: str | None = None) -> dict[str, Any]:
+    """Measure all; uses the running Ray, or joins ``ray_address`` (e.g. ``"auto"``), or
+    starts a local one; starts a local Mooncake master if needed and none is given."""
     import ray
 
     from br_serve.transport.mooncake_master import MooncakeMaster
 
     os.environ.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     started_ray = not ray.is_initialized()
-    if started_ray:
+    if started_ray and ray_address:
+        ray.init(address=ray_address, log_to_driver=False)
+    elif started_ray:
         ray.init(include_dashboard=False, num_cpus=2, log_to_driver=False,
                  object_store_memory=max(400, 6 * max(sizes_mib)) * MIB)
     master = None
