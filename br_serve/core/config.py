@@ -19,8 +19,10 @@ class PolicyConfig(BaseModel):
     """Options of every policy. Fields a policy does not use are ignored by it.
 
     ``s_greedy`` and ``beta`` default to ``G`` (the number of replicas) when ``None``.
-    ``max_wait_s`` / ``max_wait_ticks``: a pool request older than either is assigned
-    first (ageing). ``gate`` is BR-H's confidence gate on ``p_fin``.
+    Ageing (BR-0 / BR-H): a pool request is assigned first when it has waited longer
+    than ``max_wait_s`` or ``max_wait_ticks`` *and* at least ``max_overtakes`` newer
+    requests have left the pool before it (see docs/core.md for why both).
+    ``gate`` is BR-H's confidence gate on ``p_fin``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -30,6 +32,7 @@ class PolicyConfig(BaseModel):
     r_max: int = Field(default=4, ge=1, le=10)
     max_wait_s: float = Field(default=2.0, gt=0)
     max_wait_ticks: int = Field(default=32, ge=1)
+    max_overtakes: int = Field(default=1024, ge=0)
     horizon: int = Field(default=80, ge=0, le=4096)
     gamma: float = Field(default=1.0, gt=0, le=1)
     alpha: float = Field(default=1.0, gt=0)

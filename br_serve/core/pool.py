@@ -30,7 +30,7 @@ class PromptPool:
         PoolFullError: adding to a full pool.
     """
 
-    __slots__ = ("_by_id", "_capacity", "_ids", "_sizes")
+    __slots__ = ("_by_id", "_capacity", "_entry", "_ids", "_removed", "_sizes")
 
     def __init__(self, capacity: int = 65536) -> None:
         if capacity < 1:
@@ -39,6 +39,10 @@ class PromptPool:
         self._by_id: dict[str, PoolRequest] = {}
         self._sizes: list[int] = []
         self._ids: list[str] = []
+        # For overtake counting: removals so far, and per request (removals, pool size)
+        # at the moment it entered.
+        self._removed = 0
+        self._entry: dict[str, tuple[int, int]] = {}
 
     # -- reading -----------------------------------------------------------------
     @property
@@ -68,6 +72,19 @@ class PromptPool:
         """Requests in arrival (insertion) order."""
         return iter(self._by_id.values())
 
+    def fcfs_overtaken(self) -> Iterator[tuple[PoolRequest, int]]:
+        """Requests in arrival order with how many *newer* requests left the pool first.
+
+        For the request at FCFS position ``rank``: removals since it entered, minus the
+        older requests that have left since (``size_at_entry - rank``). The count never
+        increases along the FCFS order, so a scan from the head can stop at the first
+        request below a threshold. Cancelled newer requests count as overtakes too.
+        """
+        removed = self._removed
+        for rank, (rid, req) in enumerate(self._by_id.items()):
+            at_removed, at_size = self._entry[rid]
+            yield req, (removed - at_removed) - (at_size - rank)
+
     def is_full(self) -> bool:
         return len(self._by_id) >= self._capacity
 
@@ -79,6 +96,7 @@ class PromptPool:
             raise ValueError("prompt_tokens: must be >= 0")
         if len(self._by_id) >= self._capacity:
             raise PoolFullError(f"prompt pool full ({self._capacity} requests)")
+        self._entry[req.request_id] = (self._removed, len(self._by_id))
         self._by_id[req.request_id] = req
         pos = bisect_right(self._sizes, req.prompt_tokens)
         self._sizes.insert(pos, req.prompt_tokens)
@@ -87,6 +105,8 @@ class PromptPool:
     def remove(self, request_id: str) -> PoolRequest:
         """Remove one request and return it. Raises KeyError if absent."""
         req = self._by_id.pop(request_id)
+        del self._entry[request_id]
+        self._removed += 1
         lo = bisect_left(self._sizes, req.prompt_tokens)
         hi = bisect_right(self._sizes, req.prompt_tokens, lo)
         pos = self._ids.index(request_id, lo, hi)

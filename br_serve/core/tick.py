@@ -119,6 +119,7 @@ def run_two_stage(
     r_max: int,
     max_wait_s: float,
     max_wait_ticks: int,
+    max_overtakes: int,
     now_s: float,
     tick: int,
 ) -> TickResult:
@@ -139,12 +140,15 @@ def run_two_stage(
         model.admit(g, float(d), len(idxs))
         counts[stage] += len(idxs)
 
-    # 1. ageing: oldest first, each to the feasible replica with the highest F.
-    for req in pool.fcfs():
+    # 1. ageing: starving requests first, oldest first, each to the best-F replica.
+    # Starving = waited past max_wait *and* overtaken by max_overtakes newer requests;
+    # both only shrink along the FCFS order, so the scan stops at the first that isn't.
+    for req, overtaken in pool.fcfs_overtaken():
         if work.s_tot <= 0:
             break
-        if now_s - req.enqueued_s < max_wait_s and tick - req.enqueued_tick < max_wait_ticks:
-            break  # the pool is in arrival order: nobody after this one is older
+        waited = now_s - req.enqueued_s >= max_wait_s or tick - req.enqueued_tick >= max_wait_ticks
+        if not waited or overtaken < max_overtakes:
+            break
         s = req.prompt_tokens
         cands = [g for g in work.open_replicas() if work.kv_room[g] >= s]
         if not cands:

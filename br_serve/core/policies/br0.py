@@ -67,7 +67,8 @@ class BR0:
         return run_two_stage(
             cluster, pool, ScalarMargins(cluster),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
-            max_wait_s=c.max_wait_s, max_wait_ticks=c.max_wait_ticks, now_s=now_s, tick=tick)
+            max_wait_s=c.max_wait_s, max_wait_ticks=c.max_wait_ticks,
+            max_overtakes=c.max_overtakes, now_s=now_s, tick=tick)
 
 
 register("br0")(BR0)

@@ -120,7 +120,8 @@ class BRH:
         res = run_two_stage(
             cluster, pool, model,
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
-            max_wait_s=c.max_wait_s, max_wait_ticks=c.max_wait_ticks, now_s=now_s, tick=tick)
+            max_wait_s=c.max_wait_s, max_wait_ticks=c.max_wait_ticks,
+            max_overtakes=c.max_overtakes, now_s=now_s, tick=tick)
         if ok:
             return res
         return TickResult(res.assignments, res.stage1, res.stage2, res.guard, res.aged,
