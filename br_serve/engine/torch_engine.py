@@ -261,3 +261,10 @@ class TorchEngine:
 
     def running_ids(self) -> list[str]:
         return list(self._running)
+
+    def prompt_tokens_of(self, request_id: str) -> int:
+        return self._running[request_id].prompt_tokens
+
+    def decoded_steps(self, request_id: str) -> int:
+        """Decode steps run for ``request_id`` (its load is ``prompt + this``)."""
+        return len(self._running[request_id].stream.ids) - 1

@@ -79,6 +79,8 @@ def test_load_tokens_and_finish(tiny_model: Path) -> None:
     assert engine.load_tokens() == r.prompt_tokens
     ev1 = engine.step()
     assert engine.load_tokens() == r.prompt_tokens + 1 and not ev1[0].finished
+    assert engine.prompt_tokens_of("a") == r.prompt_tokens
+    assert engine.decoded_steps("a") == 1 and engine.running_ids() == ["a"]
     ev2 = engine.step()
     assert ev2[0].finished and ev2[0].finish_reason == "length" and ev2[0].index == 2
     assert engine.running() == 0 and engine.step() == []
