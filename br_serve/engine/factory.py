@@ -54,14 +54,16 @@ def make_engine(spec: EngineSpec) -> Any:
             step_a_s_per_token=spec.step_a_s_per_token, step_b_s=spec.step_b_s,
             time_scale=spec.time_scale, prefill_base_s=spec.prefill_base_s,
             prefill_s_per_token=spec.prefill_s_per_token)
-    from br_serve.engine.torch_engine import TorchEngine  # type: ignore[import-not-found]
+    from br_serve.engine.torch_engine import TorchEngine
 
+    assert spec.model_path is not None  # checked by EngineSpec
     return TorchEngine(spec.model_path, device=spec.device, dtype=spec.dtype,
                        max_batch=spec.max_batch, seed=spec.seed)
 
 
 def make_transport(name: str) -> KVTransport:
-    """``"objref"`` (Ray object store, default) or ``"mooncake"``.
+    """``"objref"`` (Ray object store, default) or ``"mooncake"`` (master address from
+    ``MOONCAKE_MASTER``, see :class:`br_serve.transport.mooncake.MooncakeTransport`).
 
     Raises:
         ValueError: unknown transport name.
@@ -71,9 +73,9 @@ def make_transport(name: str) -> KVTransport:
 
         return ObjectRefTransport()
     if name == "mooncake":
-        from br_serve.transport import mooncake  # type: ignore[attr-defined]
+        from br_serve.transport.mooncake import MooncakeTransport
 
-        return mooncake.MooncakeTransport()  # type: ignore[no-any-return]
+        return MooncakeTransport()
     raise ValueError(f"transport: unknown {name!r}; known: objref, mooncake")
 
 
@@ -81,6 +83,6 @@ def collective_backend_for(device: str) -> str:
     """The barrier's torch.distributed backend: gloo on CPU, else from the device helper."""
     if device == "cpu":
         return "gloo"
-    from br_serve.engine.device import collective_backend  # type: ignore[import-not-found]
+    from br_serve.engine.device import collective_backend
 
     return str(collective_backend(device))

@@ -27,7 +27,7 @@ def open_store(host: str, generation: int, timeout_s: float) -> tuple[Any, int]:
     """Host a new TCP store on a free port (rank 0 of a generation). Returns (store, port)."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(host, 0, None, True,
+    store = dist.TCPStore(host, 0, None, True,  # type: ignore[attr-defined]
                           timeout=datetime.timedelta(seconds=timeout_s),
                           wait_for_workers=False)
     return store, int(store.port)
@@ -59,9 +59,10 @@ class Barrier:
         # Joining waits for every rank's process (slow under load); steps must not.
         td = datetime.timedelta(seconds=max(timeout_s, join_timeout_s))
         if store is None:
-            store = dist.TCPStore(host, port, None, False, timeout=td)
+            store = dist.TCPStore(host, port, None, False,  # type: ignore[attr-defined]
+                                  timeout=td)
         self._store = store  # rank 0 keeps the master alive as long as the group lives
-        prefixed = dist.PrefixStore(f"br_gen{generation}", store)
+        prefixed = dist.PrefixStore(f"br_gen{generation}", store)  # type: ignore[attr-defined]
         try:
             if backend == "gloo":
                 self._pg: Any = dist.ProcessGroupGloo(prefixed, rank, self.world, td)

@@ -48,7 +48,7 @@ def _stop_ray() -> None:
     import ray
     from ray import serve
 
-    serve.shutdown()
+    serve.shutdown()  # type: ignore[no-untyped-call]
     ray.shutdown()
 
 

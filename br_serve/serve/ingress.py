@@ -20,7 +20,7 @@ the graph's namespace, owned by it: deleting the app removes them).
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -61,15 +61,15 @@ def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any], Any]:
 
     cfg = parse_graph_config(config)
     sched_name, decode_names = actor_names(cfg.app_name, cfg.replicas)
-    keeper = ray.remote(KVKeeper).options(  # type: ignore[attr-defined]
+    keeper = ray.remote(KVKeeper).options(
         name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
         num_cpus=0, max_concurrency=1000).remote()
     decode = [
-        ray.remote(DecodeReplica).options(  # type: ignore[attr-defined]
+        ray.remote(DecodeReplica).options(
             name=name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
             max_restarts=0, max_concurrency=1000).remote(g, config, sched_name)
         for g, name in enumerate(decode_names)]
-    sched = ray.remote(Scheduler).options(  # type: ignore[attr-defined]
+    sched = ray.remote(Scheduler).options(
         name=sched_name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
         max_restarts=-1, max_task_retries=0, max_concurrency=1000,
     ).remote(config, decode_names)
@@ -222,7 +222,7 @@ class Ingress:
         return oa.completion_body(public_id, self.cfg.model, text, last.finish_reason, use,
                                   chat)
 
-    async def _sse(self, first: Token, gen: AsyncIterator[Token], rid: str, chat: bool,
+    async def _sse(self, first: Token, gen: AsyncGenerator[Token, None], rid: str, chat: bool,
                    include_usage: bool) -> AsyncIterator[str]:
         model = self.cfg.model
         n = 0
@@ -250,9 +250,9 @@ class Ingress:
                 tok = await anext(gen, None)
             yield "data: [DONE]\n\n"
         finally:
-            await gen.aclose()  # type: ignore[attr-defined]
+            await gen.aclose()
 
-    async def _timed(self, gen: AsyncIterator[Token]) -> AsyncIterator[Token]:
+    async def _timed(self, gen: AsyncIterator[Token]) -> AsyncGenerator[Token, None]:
         """Record TTFT and TPOT of one stream."""
         t0 = time.perf_counter()
         t_first = 0.0

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-_MS_BOUNDS = [1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000, 10000]
-_TOKEN_BOUNDS = [1, 1e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6]
+_MS_BOUNDS: list[float] = [1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000,
+                           5000, 10000]
+_TOKEN_BOUNDS: list[float] = [1, 1e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6]
 
 
 class SchedulerMetrics:

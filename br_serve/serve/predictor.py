@@ -13,7 +13,7 @@ from br_serve.core import SurvivesWindow, TerminationPredictor
 def predictor_names() -> frozenset[str]:
     names = {"survives"}
     try:
-        import predictors  # type: ignore[import-not-found]
+        import predictors
 
         listed = getattr(predictors, "predictor_names", None)
         if callable(listed):

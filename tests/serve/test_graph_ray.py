@@ -39,7 +39,7 @@ def port() -> Iterator[int]:
                               pool_capacity=1, api_key=KEY, port=p, step_b_s=0.05),
            route_prefix="/small")
     yield p
-    serve.shutdown()
+    serve.shutdown()  # type: ignore[no-untyped-call]
     ray.shutdown()
 
 
@@ -139,7 +139,8 @@ def test_handle_api_streams_tokens(port: int) -> None:
     from ray import serve
 
     handle = serve.get_app_handle("balance_route").options(stream=True)
-    toks = list(handle.generate_stream.remote("a b c", max_tokens=8, seed=5))
+    gen: Any = handle.generate_stream.remote("a b c", max_tokens=8, seed=5)
+    toks = list(gen)
     assert [t["index"] for t in toks] == list(range(8))
     assert [t["text"] for t in toks] == expected_texts(5, 3, 8)
     assert toks[-1]["finished"] and toks[-1]["finish_reason"] == "length"
