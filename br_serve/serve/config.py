@@ -44,6 +44,7 @@ class GraphConfig(BaseModel):
     policy: str = "br0"
     horizon: int = Field(default=80, ge=0, le=4096)
     predictor: str = "survives"
+    predictor_model_path: str | None = None
     slots: int = Field(default=16, ge=1, le=4096)
     pool_capacity: int = Field(default=1024, ge=1)
     max_context_tokens: int = Field(default=131072, ge=2)
@@ -120,7 +121,7 @@ def parse_graph_config(data: Mapping[str, Any] | GraphConfig | None = None,
         base = dict(data)
     base.update(overrides)
     # "none"/"" from a command line mean "not given" for optional strings.
-    for key in ("model_path", "api_key"):
+    for key in ("model_path", "api_key", "predictor_model_path"):
         if isinstance(base.get(key), str) and base[key].lower() in ("", "none", "null"):
             base[key] = None
     try:

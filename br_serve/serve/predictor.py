@@ -24,13 +24,19 @@ def predictor_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def make_predictor(name: str, horizon: int) -> TerminationPredictor:
-    """Build predictor ``name``. Raises ValueError for an unknown name."""
+def make_predictor(name: str, horizon: int, model_path: str | None = None,
+                   seed: int = 0) -> TerminationPredictor:
+    """Build predictor ``name`` (``model_path`` for ``learned``).
+
+    Raises:
+        ValueError: unknown name or bad options (from the predictors package).
+    """
     if name == "survives":
         return SurvivesWindow()
     if name not in predictor_names():
         raise ValueError(f"predictor: unknown {name!r}")
     import predictors
 
-    made: TerminationPredictor = predictors.make_predictor(name, horizon=horizon)
+    made: TerminationPredictor = predictors.make_predictor(name, horizon=horizon,
+                                                           model_path=model_path, seed=seed)
     return made

@@ -67,7 +67,8 @@ class Scheduler:
                                    self.cfg.step_a_s_per_token * scale,
                                    self.cfg.step_b_s * scale)
         pcfg = parse_policy_config(policy=self.cfg.policy, horizon=self.cfg.horizon)
-        self.predictor = (make_predictor(self.cfg.predictor, self.cfg.horizon)
+        self.predictor = (make_predictor(self.cfg.predictor, self.cfg.horizon,
+                                         self.cfg.predictor_model_path, self.cfg.seed)
                           if self.cfg.policy == "brh" else None)
         self.policy = make_policy(pcfg, PolicyContext(
             rng=np.random.default_rng(self.cfg.seed), predictor=self.predictor))

@@ -67,3 +67,19 @@ def test_bad_builder_argument_fails_build() -> None:
 
     with pytest.raises(GraphConfigError, match=r"^replicas:"):
         build({"replicas": "-1"})
+
+
+def test_example_serve_config_is_valid() -> None:
+    """graphs/balance_route.yaml passes Serve's schema and our builder validation."""
+    from pathlib import Path
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    path = Path(__file__).resolve().parents[2] / "graphs" / "balance_route.yaml"
+    doc = yaml.safe_load(path.read_text())
+    schema = ServeDeploySchema.model_validate(doc)
+    app = schema.applications[0]
+    assert app.import_path == "graphs.balance_route:build"
+    cfg = parse_graph_config(app.args)
+    assert cfg.replicas == 8 and cfg.host == doc["http_options"]["host"] == "127.0.0.1"
