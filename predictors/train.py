@@ -71,6 +71,21 @@ class FitOptions:
     seed: int = 0
 
 
+def platt(logit: np.ndarray, y: np.ndarray, iters: int = 50) -> tuple[float, float]:
+    """Fit ``y ~ sigmoid(a * logit + b)`` by Newton's method (tiny ridge for stability)."""
+    z = np.stack([logit, np.ones_like(logit)], axis=1)
+    w = np.array([1.0, 0.0])
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -40, 40)))
+        grad = z.T @ (p - y) + 1e-6 * w
+        hess = (z * (p * (1 - p))[:, None]).T @ z + 1e-6 * np.eye(2)
+        delta = np.linalg.solve(hess, grad)
+        w -= delta
+        if float(np.abs(delta).max()) < 1e-10:
+            break
+    return float(w[0]), float(w[1])
+
+
 def fit(x: np.ndarray, remaining: IntArray, horizon: int, config: FeatureConfig,
         opts: FitOptions | None = None) -> LearnedModel:
     """Train the two heads on time-ordered samples ``x`` and calibrate the classifier.
@@ -114,8 +129,14 @@ def fit(x: np.ndarray, remaining: IntArray, horizon: int, config: FeatureConfig,
         h2 = torch.relu(h1 @ params["w2"] + params["b2"])
         return h2 @ params["w_cls"] + params["b_cls"], h2 @ params["w_mu"] + params["b_mu"]
 
-    optim = torch.optim.Adam(params.values(), lr=o.lr)
+    # Plain Adam written out: torch.optim imports the torch.compile stack (tens of
+    # seconds on a loaded machine) for an 8-tensor model.
+    plist = list(params.values())
+    m1 = [torch.zeros_like(q) for q in plist]
+    m2 = [torch.zeros_like(q) for q in plist]
+    b1, b2, eps = 0.9, 0.999, 1e-8
     bce = torch.nn.functional.binary_cross_entropy_with_logits
+    step = 0
     for _ in range(o.epochs):
         perm = torch.randperm(n_fit, generator=gen)
         for k in range(0, n_fit, o.batch):
@@ -126,29 +147,25 @@ def fit(x: np.ndarray, remaining: IntArray, horizon: int, config: FeatureConfig,
             if bool(pos.any()):
                 loss = loss + o.mu_weight * torch.mean(
                     (torch.sigmoid(mu_raw[pos]) - r[idx][pos]) ** 2)
-            optim.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
-            optim.step()
+            grads = torch.autograd.grad(loss, plist)
+            step += 1
+            with torch.no_grad():
+                for q, g, a1, a2 in zip(plist, grads, m1, m2, strict=True):
+                    a1.mul_(b1).add_(g, alpha=1 - b1)
+                    a2.mul_(b2).addcmul_(g, g, value=1 - b2)
+                    denom = (a2 / (1 - b2 ** step)).sqrt_().add_(eps)
+                    q.addcdiv_(a1, denom, value=-o.lr / (1 - b1 ** step))
     # Platt scaling on the held-out, later slice: p = sigmoid(a * logit + b).
     with torch.no_grad():
-        logit_cal = heads(xt[n_fit:])[0]
-    ab = torch.tensor([1.0, 0.0], requires_grad=True)
-    cal_opt = torch.optim.LBFGS([ab], max_iter=100)
-
-    def closure() -> torch.Tensor:
-        cal_opt.zero_grad()
-        loss = bce(ab[0] * logit_cal + ab[1], y[n_fit:])
-        loss.backward()  # type: ignore[no-untyped-call]
-        return loss
-
-    cal_opt.step(closure)  # type: ignore[no-untyped-call]
+        logit_cal = heads(xt[n_fit:])[0].numpy().astype(np.float64)
+    calib_a, calib_b = platt(logit_cal, y_all[n_fit:])
     tensors = {k: v.detach().numpy().astype(np.float64) for k, v in params.items()}
     tensors["feat_mean"] = mean
     tensors["feat_std"] = std
     info = {"n_fit": n_fit, "n_calibration": n_cal, "positive_rate": float(y_all.mean()),
             "options": o.__dict__ if hasattr(o, "__dict__") else {
                 k: getattr(o, k) for k in o.__slots__}}
-    return LearnedModel(tensors, horizon, float(ab[0].detach()), float(ab[1].detach()), config,
+    return LearnedModel(tensors, horizon, calib_a, calib_b, config,
                         FEATURE_NAMES, info)
 
 
