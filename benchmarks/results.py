@@ -266,7 +266,7 @@ def discussion(doc: dict[str, Any]) -> str:
         "(`max_wait_ticks=1e6, max_wait_s=1e9`, rows marked 'off') BR chooses *which* "
         f"request goes where, as the paper describes. BR-0 vs JSQ at G=8 (steady window): "
         f"{ag}. This is a property of the core's defaults under saturation, not of the "
-        "simulator; the paper's saturated numbers correspond to the 'off' rows.\n")
+        "simulator; the 'off' rows are the closest to the policy the paper describes.\n")
     wh = "; ".join(f"{w}: window {_p(_g(runs, w, 'saturated', 8, 'br0', 'no-ageing', jsq))}, "
                    f"whole run {_p(_g(runs, w, 'saturated', 8, 'br0', 'no-ageing', jsq, True))}"
                    for w in wls)
