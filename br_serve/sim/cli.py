@@ -80,6 +80,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=run)
 
+    f = sub.add_parser("fetch-trace", help="download a public trace (needs internet)",
+                       description="Download the public original of a supported trace.")
+    f.add_argument("name", nargs="?", default=None, help="source name (omit to list them)")
+    f.add_argument("--dest", default="traces", help="directory to write into")
+    f.add_argument("--force", action="store_true", help="download again if present")
+    f.set_defaults(func=fetch)
+
+
+def fetch(args: argparse.Namespace) -> int:
+    from br_serve.traces.download import SOURCES, download
+
+    if args.name is None:
+        for s in SOURCES:
+            print(f"{s.name:<24} {s.licence:<40} {s.url}")
+        return 0
+    print(f"fetch-trace: wrote {download(args.name, args.dest, force=args.force)}")
+    return 0
+
 
 def run(args: argparse.Namespace) -> int:
     from br_serve.sim.config import parse_sim_config
