@@ -27,6 +27,16 @@ def _ints(name: str, text: str) -> list[int]:
     return vals
 
 
+def _coef(name: str, text: str) -> float | tuple[float, ...]:
+    try:
+        vals = tuple(float(x) for x in _csv(text))
+    except ValueError:
+        raise ValueError(f"--{name}: expected a number or a comma list, got {text!r}") from None
+    if not vals:
+        raise ValueError(f"--{name}: empty")
+    return vals[0] if len(vals) == 1 else vals
+
+
 def _option(text: str) -> tuple[str, Any]:
     key, sep, val = text.partition("=")
     if not sep:
@@ -69,8 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--prefill-instances", type=int, default=8)
     p.add_argument("--prefill-p0-s", type=float, default=0.02)
     p.add_argument("--prefill-p1-s", type=float, default=2e-5, help="seconds per prompt token")
-    p.add_argument("--step-a", type=float, default=5e-7, help="s per KV token")
-    p.add_argument("--step-b", type=float, default=0.03, help="s per step")
+    p.add_argument("--step-a", default="5e-7",
+                   help="s per KV token; one value, or one per replica (comma list)")
+    p.add_argument("--step-b", default="0.03",
+                   help="s per step; one value, or one per replica (comma list)")
     p.add_argument("--step-c", type=float, default=0.0, help="s per running request")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra policy config field (repeatable), e.g. r_max=4")
@@ -133,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
             policy=pol, predictor=pred, predictor_model_path=args.predictor_model,
             replicas=g, slots=args.slots, kv_limit_tokens=args.kv_limit,
             horizon=args.horizon, seed=args.seed, saturated=args.saturated,
-            step_a_s_per_token=args.step_a, step_b_s=args.step_b,
+            step_a_s_per_token=_coef("step-a", args.step_a),
+            step_b_s=_coef("step-b", args.step_b),
             step_c_s_per_request=args.step_c, prefill_instances=args.prefill_instances,
             prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
             pool_capacity=args.pool_capacity)
