@@ -64,6 +64,8 @@ def parse_sim_config(**fields: Any) -> SimConfig:
         return SimConfig(**fields)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "config"
         msg = str(err["msg"]).removeprefix("Value error, ")
+        if not err["loc"]:  # a cross-field check: its message names the field itself
+            raise ValueError(msg) from None
+        field = ".".join(str(p) for p in err["loc"])
         raise ValueError(f"{field}: {msg} (got {err.get('input')!r})") from None
