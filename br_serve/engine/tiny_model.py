@@ -15,15 +15,20 @@ from br_serve.engine.tokenizer import build_byte_level_tokenizer
 
 def llama_config(vocab_size: int = 512, hidden_size: int = 64, layers: int = 2,
                  heads: int = 4, kv_heads: int = 2, intermediate_size: int | None = None,
-                 max_positions: int = 2048) -> Any:
-    """A ``LlamaConfig``; ids 0/1/2 are pad/bos/eos as in the byte-level tokenizer."""
+                 max_positions: int = 2048, initializer_range: float = 0.02) -> Any:
+    """A ``LlamaConfig``; ids 0/1/2 are pad/bos/eos as in the byte-level tokenizer.
+
+    Tests raise ``initializer_range`` (e.g. 0.3): with the usual 0.02 a random model's
+    attention is nearly uniform, so position or mask bugs would barely change tokens.
+    """
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads,
         intermediate_size=intermediate_size or 4 * hidden_size,
-        max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=1,
+        max_position_embeddings=max_positions, initializer_range=initializer_range,
+        pad_token_id=0, bos_token_id=1,
         eos_token_id=2, tie_word_embeddings=False)
 
 
