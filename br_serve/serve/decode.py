@@ -251,7 +251,9 @@ class DecodeReplica:
                 self._tell_scheduler("barrier_failed", self.index, barrier.generation)
             rep = self._make_report(finished, barrier, rows, t1 - t0, t2 - t1)
             self._last = rep
-            busy = bool(rep.running_ids or rep.finished_ids)
+            # every member reports every step while any member is busy, so the
+            # scheduler can tick once per step on a complete view
+            busy = bool(rep.running_ids or rep.finished_ids or sum(rep.barrier_running))
             if busy or t2 - last_report > _IDLE_REPORT_S:
                 self._tell_scheduler("report", rep)
                 last_report = t2

@@ -3,8 +3,8 @@
 A thin shell around core objects: a :class:`PromptPool`, a :class:`ClusterState` mirror
 of the decode replicas and a policy. Every tick: ``mirror.snapshot()`` ->
 ``policy.schedule`` -> ``pool.remove_many`` + ``mirror.admit`` -> dispatch (``admit``
-RPCs to decode replicas). Ticks run whenever the pool or the replicas change (each
-decode step reports, so at least once per step under load).
+RPCs to decode replicas). Ticks run when new requests enter the pool and once per
+decode step, after every member of the barrier group has reported that step.
 
 Where state lives (why a crash loses nothing):
 - The decode replicas own the running requests; the mirror is rebuilt from their
@@ -22,7 +22,6 @@ survivors. Their requests are re-prefilled (or errored) by the ingress that owns
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -43,11 +42,11 @@ from br_serve.core import (
 )
 from br_serve.core.state import ClusterState
 from br_serve.serve.messages import Admission, ReplicaReport
+from br_serve.serve.stepstats import StepStats
 
 log = logging.getLogger(__name__)
 
 _PING_TIMEOUT_S = 3.0
-_RECENT_STEPS = 200
 
 
 class Scheduler:
@@ -81,6 +80,7 @@ class Scheduler:
         self.generation = 0
         self.members: tuple[int, ...] = ()
         self.tick = 0
+        self._last_step: dict[int, int] = {}
         self._wake: asyncio.Event | None = None
         self._ready: asyncio.Event | None = None
         self._group_lock: asyncio.Lock | None = None
@@ -88,7 +88,7 @@ class Scheduler:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._t0 = time.perf_counter()
         self._metrics: Any = None
-        self.reset_stats_now()
+        self.stats_ = StepStats()
 
     # -- lifecycle --------------------------------------------------------------------
     def _start(self) -> None:
@@ -269,24 +269,20 @@ class Scheduler:
         if (rep.barrier_loads and rep.members and rep.replica == rep.members[0]
                 and rep.generation == self.generation):
             loads = np.asarray(rep.barrier_loads, dtype=np.int64)
-            imb = int(len(loads) * loads.max() - loads.sum())
-            running = int(sum(rep.barrier_running))
-            step_s = rep.compute_s + rep.barrier_s
-            self.recent_imbalance.append(imb)
-            if running:  # busy steps only, as the simulator counts them
-                members = np.asarray(rep.members, dtype=np.int64)
-                model_s = float((self.mirror.step_a[members] * loads
-                                 + self.mirror.step_b[members]).max())
-                self.model_step_s_sum += model_s
-                self.steps += 1
-                self.imbalance_sum += imb
-                self.step_s_sum += step_s
-                self.tokens += running
+            members = np.asarray(rep.members, dtype=np.int64)
+            model_s = float((self.mirror.step_a[members] * loads
+                             + self.mirror.step_b[members]).max())
+            imb = self.stats_.record_step(loads, int(sum(rep.barrier_running)),
+                                          rep.compute_s + rep.barrier_s, model_s)
             if self._metrics is not None:
                 self._metrics.imbalance.observe(imb)
         if self._metrics is not None:
             self._metrics.replica(rep.replica, rep.load_tokens, len(rep.running_ids))
-        if self._wake is not None:
+        # Tick once per decode step, when every member has reported it: a tick on a
+        # partial view would favour whichever replica happened to report first.
+        self._last_step[rep.replica] = max(rep.step, self._last_step.get(rep.replica, -1))
+        if self._wake is not None and all(
+                self._last_step.get(m, -1) >= rep.step for m in self.members):
             self._wake.set()
 
     async def barrier_failed(self, replica: int, generation: int) -> None:
@@ -305,58 +301,24 @@ class Scheduler:
         loads = self.mirror.load_tokens()
         running = self.mirror.running_requests()
         free = self.mirror.free_slots()
-        recent = list(self.recent_imbalance)
         return {
             "policy": self.cfg.policy, "predictor": self.cfg.predictor,
             "incarnation": self.incarnation, "generation": self.generation,
             "members": list(self.members), "pool_size": len(self.pool),
             "pool_capacity": self.pool.capacity, "tick": self.tick,
-            "recent_mean_imbalance_tokens": float(np.mean(recent)) if recent else 0.0,
+            "recent_mean_imbalance_tokens": self.stats_.recent_mean_imbalance(),
             "replicas": [{"replica": g, "alive": bool(self.mirror.alive[g]),
                           "load_tokens": int(loads[g]), "running": int(running[g]),
                           "free_slots": int(free[g])} for g in range(self.g)],
         }
 
     async def stats(self) -> dict[str, Any]:
-        """Counters since the last :meth:`reset_stats` (for benchmarks).
-
-        Step counters cover busy steps (some replica running), measured at the barrier
-        by the group's rank 0: ``throughput_tok_s = tokens / busy_s``, the simulator's
-        definition; ``mean_imbalance_tokens`` is ``G*max(L) - sum(L)`` averaged over them.
-        ``model_throughput_tok_s`` prices the same measured barrier loads with the step
-        model instead of the wall clock (free of host CPU contention).
-        """
+        """Counters since the last :meth:`reset_stats` (see :class:`StepStats`)."""
         await self._ensure_ready()
-        ticks = np.asarray(self.tick_s, dtype=np.float64)
-        return {
-            "steps": self.steps,
-            "mean_imbalance_tokens": self.imbalance_sum / self.steps if self.steps else 0.0,
-            "mean_step_s": self.step_s_sum / self.steps if self.steps else 0.0,
-            "busy_s": self.step_s_sum, "tokens": self.tokens,
-            "throughput_tok_s": self.tokens / self.step_s_sum if self.step_s_sum else 0.0,
-            "model_busy_s": self.model_step_s_sum,
-            "model_throughput_tok_s": (self.tokens / self.model_step_s_sum
-                                       if self.model_step_s_sum else 0.0),
-            "ticks": len(ticks), "assigned": self.assigned,
-            "tick_dispatch_s_total": float(ticks.sum()),
-            "tick_dispatch_ms_p50": float(np.percentile(ticks, 50) * 1e3) if len(ticks) else 0.0,
-            "tick_dispatch_ms_p99": float(np.percentile(ticks, 99) * 1e3) if len(ticks) else 0.0,
-            "dispatch_failures": self.dispatch_failures,
-        }
+        return self.stats_.as_dict()
 
     async def reset_stats(self) -> None:
-        self.reset_stats_now()
-
-    def reset_stats_now(self) -> None:
-        self.steps = 0
-        self.imbalance_sum = 0
-        self.step_s_sum = 0.0
-        self.model_step_s_sum = 0.0
-        self.tokens = 0
-        self.tick_s: list[float] = []
-        self.assigned = 0
-        self.dispatch_failures = 0
-        self.recent_imbalance: collections.deque[int] = collections.deque(maxlen=_RECENT_STEPS)
+        self.stats_.reset()
 
     # -- internals --------------------------------------------------------------------
     def _now(self) -> float:
@@ -420,8 +382,7 @@ class Scheduler:
             ref = self.decode[a.replica].admit.remote(entry)
             self._spawn(self._confirm(a.replica, entry, req, ref))
         dt = time.perf_counter() - t0
-        self.tick_s.append(dt)
-        self.assigned += len(res.assignments)
+        self.stats_.record_tick(dt, len(res.assignments))
         if self._metrics is not None:
             self._metrics.tick_ms.observe(dt * 1e3)
 
@@ -435,7 +396,7 @@ class Scheduler:
             self._spawn(self._recover(self.generation))
         if ok:
             return
-        self.dispatch_failures += 1
+        self.stats_.dispatch_failures += 1
         self.inflight[g].pop(entry.request_id, None)
         if entry.request_id in self.mirror and self.mirror.where(entry.request_id)[0] == g:
             self.mirror.finish(entry.request_id)
