@@ -11,6 +11,7 @@ calibration of the classifier.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,8 +164,7 @@ def fit(x: np.ndarray, remaining: IntArray, horizon: int, config: FeatureConfig,
     tensors["feat_mean"] = mean
     tensors["feat_std"] = std
     info = {"n_fit": n_fit, "n_calibration": n_cal, "positive_rate": float(y_all.mean()),
-            "options": o.__dict__ if hasattr(o, "__dict__") else {
-                k: getattr(o, k) for k in o.__slots__}}
+            "options": dataclasses.asdict(o)}
     return LearnedModel(tensors, horizon, calib_a, calib_b, config,
                         FEATURE_NAMES, info)
 

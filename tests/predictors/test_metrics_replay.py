@@ -93,3 +93,14 @@ def test_check_trace_names_missing_fields() -> None:
 
     with pytest.raises(ValueError, match="output_tokens"):
         check_trace(NoOutputs(), "x.csv")  # type: ignore[arg-type]
+
+
+def test_platt_scaling_recovers_known_coefficients() -> None:
+    from predictors.train import platt
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 2, 40000)
+    y = (rng.random(x.size) < 1 / (1 + np.exp(-(2.0 * x - 1.0)))).astype(np.float64)
+    a, b = platt(x, y)
+    assert a == pytest.approx(2.0, abs=0.1)
+    assert b == pytest.approx(-1.0, abs=0.1)
