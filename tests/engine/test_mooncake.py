@@ -101,3 +101,19 @@ def test_master_env_and_bad_address(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_master_helper_reports_early_exit() -> None:
     with pytest.raises(RuntimeError, match="exited"):
         MooncakeMaster(extra_args=("--no_such_flag_xyz",), ready_timeout_s=20).start()
+
+
+def test_concurrent_gets_from_threads(mooncake_master: str) -> None:
+    # The decode replica pulls KV with asyncio.to_thread: several gets may overlap.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _transport(mooncake_master) as writer, _transport(mooncake_master) as reader:
+        handles = [writer.put(f"conc-{i}", np.full(256 * 1024, i, dtype=np.uint8))
+                   for i in range(8)]
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(reader.get, handles))
+        for i, arr in enumerate(got):
+            assert arr.shape == (256 * 1024,) and int(arr.min()) == int(arr.max()) == i
+        for h in handles:
+            reader.release(h)
+        assert not any(reader.exists(h.key) for h in handles)
