@@ -98,7 +98,8 @@ def probe_master(address: str, timeout_s: float) -> None:
 
 
 class MooncakeTransport:
-    """KV transport through a Mooncake store. Not thread-safe; one per process.
+    """KV transport through a Mooncake store; one per process. ``put``/``get`` may run
+    from several threads at once (tested); ``close`` only when no call is in flight.
 
     Args:
         master_address: ``host:port`` of ``mooncake_master``; default: the environment
