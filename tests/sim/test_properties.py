@@ -91,3 +91,16 @@ def test_saturated_window_and_drain() -> None:
     assert s["window_steps"] + s["drain_steps"] == s["steps"]
     exp = res.steps.imbalance_tokens[:w].mean()
     assert s["mean_imbalance_tokens"] == exp
+
+
+def test_brh_h0_oracle_equals_br0_in_simulation() -> None:
+    # DESIGN section 4: H = 0, alpha = 1, beta = G is BR-0; the simulator must not break it.
+    spec = SyntheticSpec(requests=400, arrival="saturated", seed=9,
+                         output=LengthDist(median=150, sigma=1.0, max_tokens=2000))
+    trace = synthetic_trace(spec)
+    a = simulate(trace, SimConfig(policy="br0", replicas=4, slots=4, saturated=True))
+    b = simulate(trace, SimConfig(policy="brh", predictor="oracle", horizon=0, replicas=4,
+                                  slots=4, saturated=True))
+    assert (a.replica == b.replica).all()
+    assert (a.admit_step == b.admit_step).all()
+    assert a.summary()["mean_imbalance_tokens"] == b.summary()["mean_imbalance_tokens"]
