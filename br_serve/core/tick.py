@@ -22,17 +22,18 @@ from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 from br_serve.core.pool import PromptPool
-from br_serve.core.types import Assignment, ClusterSnapshot, FloatArray, TickResult
+from br_serve.core.types import Assignment, ClusterSnapshot, TickResult
 
 
 class Scorer(Protocol):
-    """F-score of one replica as a function of the admitted prompt total ``D``."""
+    """F-score of one replica for ``n_requests`` admitted with prompt total ``D``.
+
+    ``peak`` is where the single-request score is highest (the bisection target).
+    """
 
     peak: float
 
-    def __call__(self, d_tokens: float) -> float: ...
-
-    def many(self, d_tokens: FloatArray) -> FloatArray: ...
+    def __call__(self, d_tokens: float, n_requests: int = 1) -> float: ...
 
 
 class MarginModel(Protocol):
@@ -208,7 +209,7 @@ def _best_subset(cands: list[int], sizes: list[int], sc: Scorer, max_n: int,
     for k in range(1, len(sums)):
         d = sums[k]
         if counts[k] <= max_n and d <= room:
-            f = sc(float(d))
+            f = sc(float(d), counts[k])
             if f > best_f:
                 best_k, best_f = k, f
     if best_f > 0:

@@ -101,3 +101,32 @@ def test_projected_loads_match_brute_force(data: st.DataObject) -> None:
             if step < end[i]:
                 want[rep[i], step] += w[i] + step
     assert np.array_equal(got, want)
+
+
+@settings(max_examples=200)
+@given(
+    proj=st.lists(st.lists(st.integers(0, 10**5), min_size=1, max_size=12), min_size=1,
+                  max_size=6).filter(lambda r: len({len(x) for x in r}) == 1),
+    gamma=st.floats(0.5, 1.0),
+    data=st.data(),
+)
+def test_growing_score_is_minus_discounted_delta_imbalance(proj: list[list[int]],
+                                                           gamma: float,
+                                                           data: st.DataObject) -> None:
+    """BR-H's score for n admitted requests counts their growth: load D + n*h at step h."""
+    from br_serve.core.policies.brh import GrowingScore
+
+    loads = np.array(proj, dtype=np.float64)
+    gsz, width = loads.shape
+    h = np.arange(width, dtype=np.float64)
+    d_w = discount_weights(width - 1, gamma)
+    g = data.draw(st.integers(0, gsz - 1))
+    n = data.draw(st.integers(1, 4))
+    d = float(data.draw(st.integers(0, 2 * 10**5)))
+    after = loads.copy()
+    after[g] += d + n * h
+    delta = np.array([imbalance_tokens(after[:, k]) - imbalance_tokens(loads[:, k])
+                      for k in range(width)])
+    sc = GrowingScore(loads.max(axis=0) - loads[g], h, d_w, 1.0, float(gsz),
+                      uniform=gamma == 1.0)
+    assert np.isclose(sc(d, n), -(d_w @ delta), rtol=1e-9, atol=1e-6)

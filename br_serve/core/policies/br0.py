@@ -21,7 +21,7 @@ class ScalarScorer:
         self.peak = margin
         self.g = replicas
 
-    def __call__(self, d_tokens: float) -> float:
+    def __call__(self, d_tokens: float, n_requests: int = 1) -> float:
         return f_score(d_tokens, self.peak, self.g)
 
     def many(self, d_tokens: FloatArray) -> FloatArray:

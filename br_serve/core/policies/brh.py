@@ -13,6 +13,42 @@ from br_serve.core.tick import run_two_stage
 from br_serve.core.types import ClusterSnapshot, FloatArray, IntArray, TickResult
 
 
+class GrowingScore:
+    """BR-H score of one replica counting the admitted requests' own growth.
+
+    Admitting ``n`` requests of total prompt ``D`` adds ``D + n*h`` to the replica's
+    load at step ``h``, so ``F_n(D) = alpha*sum_h d_h (D + n h)
+    - beta*sum_h d_h (D + n h - m(h))_+``: DESIGN's score with margins ``m - n*h`` and
+    a constant ``alpha*n*sum_h d_h h``. With ``alpha = 1, beta = G`` it is exactly
+    ``-sum_h d_h dI(h)``. Leaving the growth out made BR-H overfill replicas with a free
+    slot (their margins grow with ``h`` only until the new request starts growing too):
+    measured, imbalance rose with ``H`` even with the gate closed (docs/core.md).
+    ``peak`` is the single-request peak (``n = 1``).
+    """
+
+    __slots__ = ("_args", "_margins", "_parts", "peak")
+
+    def __init__(self, margins: FloatArray, h: FloatArray, d: FloatArray, alpha: float,
+                 beta: float, uniform: bool) -> None:
+        self._margins = margins
+        self._args = (h, d, alpha, beta, uniform)
+        self._parts: dict[int, tuple[HorizonScore, float]] = {}
+        self.peak = self._part(1)[0].peak
+
+    def _part(self, n: int) -> tuple[HorizonScore, float]:
+        part = self._parts.get(n)
+        if part is None:
+            h, d, alpha, beta, uniform = self._args
+            part = (HorizonScore(self._margins - n * h, d, alpha, beta, uniform),
+                    alpha * n * float(d @ h))
+            self._parts[n] = part
+        return part
+
+    def __call__(self, d_tokens: float, n_requests: int = 1) -> float:
+        sc, bonus = self._part(n_requests)
+        return sc(d_tokens) + bonus
+
+
 class HorizonMargins:
     """Projected loads ``L_g(h)``, envelope ``M(h)`` and margin vectors ``M - L_g``.
 
@@ -34,15 +70,15 @@ class HorizonMargins:
         self.top: FloatArray = (loads[alive].max(axis=0) if alive.any()
                                 else np.zeros(d.shape[0]))
         self.ld: list[float] = (loads @ d).tolist()
-        self._cache: dict[int, HorizonScore] = {}
+        self._cache: dict[int, GrowingScore] = {}
 
     def rank(self, g: int) -> float:
         return -self.ld[g]  # discounted margin (M - L_g)'d, less the common M'd
 
-    def scorer(self, g: int) -> HorizonScore:
+    def scorer(self, g: int) -> GrowingScore:
         sc = self._cache.get(g)
         if sc is None:
-            sc = HorizonScore(self.top - self.loads[g], self.d, self.alpha, self.beta,
+            sc = GrowingScore(self.top - self.loads[g], self.h, self.d, self.alpha, self.beta,
                               self.uniform)
             self._cache[g] = sc
         return sc
