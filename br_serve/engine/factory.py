@@ -61,12 +61,14 @@ def make_engine(spec: EngineSpec) -> Any:
                        max_batch=spec.max_batch, seed=spec.seed)
 
 
-def make_transport(name: str) -> KVTransport:
-    """``"objref"`` (Ray object store, default) or ``"mooncake"`` (master address from
-    ``MOONCAKE_MASTER``, see :class:`br_serve.transport.mooncake.MooncakeTransport`).
+def make_transport(name: str, mooncake_master: str | None = None) -> KVTransport:
+    """``"objref"`` (Ray object store, default) or ``"mooncake"`` (master at
+    ``mooncake_master``, else ``MOONCAKE_MASTER``, see
+    :class:`br_serve.transport.mooncake.MooncakeTransport`). ``mooncake_master`` is
+    ignored for objref.
 
     Raises:
-        ValueError: unknown transport name.
+        ValueError: unknown transport name, malformed ``mooncake_master``.
     """
     if name == "objref":
         from br_serve.transport.objref import ObjectRefTransport
@@ -75,7 +77,7 @@ def make_transport(name: str) -> KVTransport:
     if name == "mooncake":
         from br_serve.transport.mooncake import MooncakeTransport
 
-        return MooncakeTransport()
+        return MooncakeTransport(master_address=mooncake_master)
     raise ValueError(f"transport: unknown {name!r}; known: objref, mooncake")
 
 

@@ -33,6 +33,11 @@ class GraphConfig(BaseModel):
     (413 beyond it). ``api_key``: when set (or ``BR_SERVE_API_KEY`` is set), every
     endpoint except ``/health`` needs ``Authorization: Bearer <key>``.
     ``barrier_timeout_s`` bounds one collective: a dead peer is detected within it.
+    ``mooncake_master`` (``host:port``, used with ``transport=mooncake``): the Mooncake
+    master every prefill worker and decode replica connects to; unset, each process
+    reads ``MOONCAKE_MASTER`` from its own environment, else ``127.0.0.1:50051``.
+    ``device`` other than ``cpu`` makes every prefill and decode replica request one
+    accelerator from Ray (:meth:`replica_actor_options`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -59,6 +64,7 @@ class GraphConfig(BaseModel):
     prefill_base_s: float = Field(default=0.0, ge=0)
     prefill_s_per_token: float = Field(default=0.0, ge=0)
     transport: Literal["objref", "mooncake"] = "objref"
+    mooncake_master: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_key: str | None = None
@@ -92,6 +98,38 @@ class GraphConfig(BaseModel):
             raise ValueError("must be a non-empty string when given")
         return v
 
+    @field_validator("mooncake_master")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("expected host:port with a port in 1..65535")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        from br_serve.engine.device import parse_device
+
+        parse_device(v)  # DeviceError is a ValueError: reported against this field
+        return v
+
+    def replica_actor_options(self) -> dict[str, Any]:
+        """Ray actor options of one prefill worker or decode replica.
+
+        ``num_cpus=0`` (they mostly wait), plus one accelerator off-CPU: ``num_gpus=1``
+        for cuda, ``resources={"NPU": 1}`` for npu, so Ray places each replica on its own
+        device and sets ``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``.
+        """
+        opts: dict[str, Any] = {"num_cpus": 0}
+        if self.device != "cpu":
+            from br_serve.engine.device import ray_actor_options_for
+
+            opts.update(ray_actor_options_for(self.device))
+        return opts
+
     def resolved_api_key(self) -> str | None:
         """The builder argument, else the environment variable, else no key."""
         return self.api_key or os.environ.get(API_KEY_ENV) or None
@@ -121,7 +159,7 @@ def parse_graph_config(data: Mapping[str, Any] | GraphConfig | None = None,
         base = dict(data)
     base.update(overrides)
     # "none"/"" from a command line mean "not given" for optional strings.
-    for key in ("model_path", "api_key", "predictor_model_path"):
+    for key in ("model_path", "api_key", "predictor_model_path", "mooncake_master"):
         if isinstance(base.get(key), str) and base[key].lower() in ("", "none", "null"):
             base[key] = None
     try:

@@ -9,6 +9,9 @@ Contracts:
   the step thread installs it at the start of the next step. Admitting an id twice is
   a no-op that returns True (resubmission after a scheduler restart is idempotent);
   a full replica returns False.
+- Every KV handle ``admit`` takes is released exactly once, through the transport and
+  the keeper: after the pull, or after a failed pull. A refused admission keeps it
+  (the scheduler retries elsewhere).
 - Every step ends in ``Barrier.exchange``; afterwards the replica reports its measured
   state (:class:`ReplicaReport`) to the scheduler, fire-and-forget.
 - Events for a request go to the outbox of its ``owner`` (an ingress replica), which
@@ -31,6 +34,7 @@ from typing import Any
 from br_serve.engine.base import TokenEvent
 from br_serve.serve.barrier import Barrier, BarrierError, open_store
 from br_serve.serve.messages import Admission, Admitted, ReplicaReport, StreamError, StreamEvent
+from br_serve.transport.base import KVHandle
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,7 @@ class DecodeReplica:
         self.slots = self.cfg.slots
         self.scheduler_name = scheduler_name
         self.engine = make_engine(self.cfg.engine_spec())
-        self.transport = make_transport(self.cfg.transport)
+        self.transport = make_transport(self.cfg.transport, self.cfg.mooncake_master)
         self.backend = collective_backend_for(self.cfg.device)
         self._lock = threading.Lock()
         self._wake_step = threading.Condition(self._lock)
@@ -126,14 +130,21 @@ class DecodeReplica:
                 self._owner.pop(item.request_id, None)
             self._emit(item.owner, [StreamError(item.request_id, f"kv pull failed: {exc}",
                                                 retryable=True)])
+            # the ingress re-prefills under a new id, so nobody pulls this key again
+            await self._release_handle(item.kv)
             return True
-        self._release_kv(item.kv.key)
         # Admitted goes out before the step thread can produce this request's tokens.
         self._emit(item.owner, [Admitted(item.request_id, self.index)])
         with self._lock:
             self._admit_q.append(_WithKV(item, kv))
             self._wake_step.notify_all()
+        await self._release_handle(item.kv)
         return True
+
+    async def release_kv(self, handle: KVHandle) -> None:
+        """Free ``handle``'s source copy for a caller without a transport of its own
+        (the ingress, when a request is dropped before any replica pulled its KV)."""
+        await self._release_handle(handle)
 
     async def abort(self, request_id: str) -> None:
         with self._lock:
@@ -170,6 +181,23 @@ class DecodeReplica:
         ev = self._poll_wake.get(owner)
         if ev is not None:
             ev.set()
+
+    async def _release_handle(self, handle: KVHandle) -> None:
+        """Free the source copy of ``handle`` (called once per handle this replica took).
+
+        Both halves are needed: the keeper holds object refs (objref), the transport
+        holds keys (Mooncake keeps a key until removed, and a store full of them fails
+        every put). Failures are logged, never raised: the request is unaffected, and
+        for objref the keeper's TTL frees it eventually.
+        """
+        self._release_kv(handle.key)
+        try:
+            if handle.transport == "objref":
+                self.transport.release(handle)  # a no-op: no thread hop for it
+            else:
+                await asyncio.to_thread(self.transport.release, handle)
+        except Exception as exc:
+            log.warning("replica %d: releasing kv %r failed: %s", self.index, handle.key, exc)
 
     def _release_kv(self, key: str) -> None:
         """The KV is here now: let the prefill side's keeper drop its reference."""

@@ -29,7 +29,7 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
     cfg = parse_graph_config(args)
     conf = cfg.model_dump()
     prefill = serve.deployment(PrefillWorker, name="Prefill").options(  # type: ignore[attr-defined]
-        num_replicas=cfg.prefill_replicas, ray_actor_options={"num_cpus": 0},
+        num_replicas=cfg.prefill_replicas, ray_actor_options=cfg.replica_actor_options(),
         max_ongoing_requests=1000)
     ingress = serve.deployment(Ingress, name="Ingress").options(  # type: ignore[attr-defined]
         num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10000)

@@ -64,15 +64,10 @@ def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any], Any]:
     keeper = ray.remote(KVKeeper).options(
         name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
         num_cpus=0, max_concurrency=1000).remote()
-    device_opts: dict[str, Any] = {}
-    if cfg.device != "cpu":  # one accelerator per decode replica (GPU / NPU resource)
-        from br_serve.engine.device import ray_actor_options_for
-
-        device_opts = ray_actor_options_for(cfg.device)
     decode = [
         ray.remote(DecodeReplica).options(
-            name=name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
-            max_restarts=0, max_concurrency=1000, **device_opts).remote(g, config, sched_name)
+            name=name, namespace=cfg.namespace, get_if_exists=True, max_restarts=0,
+            max_concurrency=1000, **cfg.replica_actor_options()).remote(g, config, sched_name)
         for g, name in enumerate(decode_names)]
     sched = ray.remote(Scheduler).options(
         name=sched_name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,

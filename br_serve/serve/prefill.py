@@ -26,7 +26,7 @@ class PrefillWorker:
 
         self.cfg = parse_graph_config(config)
         self.engine = make_engine(self.cfg.engine_spec())
-        self.transport = make_transport(self.cfg.transport)
+        self.transport = make_transport(self.cfg.transport, self.cfg.mooncake_master)
         # Engines are not thread-safe; prefill runs in a worker thread, one at a time
         # per replica (Serve spreads concurrent requests over the N replicas).
         self._lock = threading.Lock()

@@ -35,6 +35,7 @@ from typing import Any
 from br_serve.engine.base import SamplingParams, TokenEvent
 from br_serve.serve.config import GraphConfig
 from br_serve.serve.messages import Admission, Admitted, PrefillOutput, StreamError
+from br_serve.transport.base import KVHandle
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,8 @@ class Streamer:
                                   out.kv, arrival_s=arrival_s)
                 self._queues[rid] = asyncio.Queue()
                 status = await self._call_scheduler("submit", entry)
+                if status in ("full", "no_replica"):
+                    self._drop_kv(out.kv)  # not taken: no replica will ever pull it
                 if status == "full":
                     raise GenerateError(429, "prompt pool is full; retry later",
                                         "rate_limit_exceeded")
@@ -288,14 +291,32 @@ class Streamer:
     def _forget(self, rid: str) -> None:
         self._queues.pop(rid, None)
         entry = self._pending.pop(rid, None)
-        if entry is not None and self._keeper is not None:
-            self._keeper.release.remote(entry.kv.key)  # never admitted: free its KV
+        if entry is not None:
+            self._drop_kv(entry.kv)  # never admitted: free its KV
         g = self._placement.pop(rid, None)
         if g is not None and g not in self._dead:
             # no-op if it finished; frees the slot if the client went away
             self._decode[g].abort.remote(rid)
         elif g is None and self._scheduler is not None:
             self._scheduler.cancel.remote(rid)
+
+    def _drop_kv(self, kv: KVHandle) -> None:
+        """Free a KV no decode replica has pulled (fire-and-forget; a pull already in
+        flight then fails and its replica reports a retryable error to a gone owner).
+
+        The keeper drops its object refs; a key-holding transport (Mooncake) needs an
+        explicit release, which the ingress asks of any live decode replica because it
+        has no transport of its own.
+        """
+        if self._keeper is not None:
+            self._keeper.release.remote(kv.key)
+        if kv.transport == "objref":
+            return
+        for g, handle in enumerate(self._decode):
+            if g not in self._dead:
+                handle.release_kv.remote(kv)
+                return
+        log.warning("ingress: no live decode replica to release kv %r", kv.key)
 
     async def close(self) -> None:
         for t in self._tasks:

@@ -83,3 +83,54 @@ def test_example_serve_config_is_valid() -> None:
     assert app.import_path == "graphs.balance_route:build"
     cfg = parse_graph_config(app.args)
     assert cfg.replicas == 8 and cfg.host == doc["http_options"]["host"] == "127.0.0.1"
+
+
+def test_mooncake_master_is_validated_and_optional() -> None:
+    assert parse_graph_config().mooncake_master is None
+    assert parse_graph_config(mooncake_master="none").mooncake_master is None
+    cfg = parse_graph_config({"transport": "mooncake", "mooncake_master": "10.0.0.5:50051"})
+    assert cfg.mooncake_master == "10.0.0.5:50051"
+    for bad in ("10.0.0.5", ":50051", "host:0", "host:65536", "host:port"):
+        with pytest.raises(GraphConfigError, match=r"^mooncake_master: expected host:port"):
+            parse_graph_config(mooncake_master=bad)
+
+
+def test_make_transport_passes_the_master_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    import br_serve.transport.mooncake as mc
+
+    seen: list[str | None] = []
+
+    class Recorder:
+        name = "mooncake"
+
+        def __init__(self, master_address: str | None = None) -> None:
+            seen.append(master_address)
+
+    monkeypatch.setattr(mc, "MooncakeTransport", Recorder)
+    make_transport("mooncake", "10.0.0.5:50051")
+    make_transport("mooncake")
+    make_transport("objref", "10.0.0.5:50051")  # ignored: no Mooncake client built
+    assert seen == ["10.0.0.5:50051", None]
+
+
+@pytest.mark.parametrize(("device", "extra"), [
+    ("cpu", {}),
+    ("npu", {"resources": {"NPU": 1.0}}),
+    ("npu:1", {"resources": {"NPU": 1.0}}),
+    ("cuda", {"num_gpus": 1.0}),
+])
+def test_replicas_request_their_accelerator(device: str, extra: dict[str, object]) -> None:
+    """The options both the prefill deployment and the decode actors are built with."""
+    from br_serve.serve.graph import build
+
+    cfg = parse_graph_config(device=device)
+    assert cfg.replica_actor_options() == {"num_cpus": 0, **extra}
+    # the bound app: Ingress(prefill, config); Serve keeps the options it will use
+    prefill = build(cfg)._bound_deployment.init_args[0]._bound_deployment
+    assert prefill.name == "Prefill"
+    assert prefill.ray_actor_options == {"num_cpus": 0, **extra}
+
+
+def test_unknown_device_names_the_field() -> None:
+    with pytest.raises(GraphConfigError, match=r"^device: .*unknown 'tpu'"):
+        parse_graph_config(device="tpu")
