@@ -14,6 +14,7 @@ import json
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 from br_serve.bench.tick import run_bench
 
@@ -51,7 +52,7 @@ def main() -> int:
                 print(json.dumps(r), flush=True)
     burst = [run_bench(p, 16, 1024, horizon=args.horizon, ticks=args.ticks, free_slots=16.0)
              for p in ("jsq", "br0", "brh")]
-    meta = {"cpus": os.cpu_count(), "python": platform.python_version(),
+    meta: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version(),
             "loadavg_at_end": os.getloadavg()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"meta": meta, "rows": rows, "burst": burst}, indent=1))
@@ -73,14 +74,14 @@ def _warm(pred: object, g: int) -> None:
     pred.observe(fin)  # type: ignore[attr-defined]
 
 
-def _label(r: dict[str, object]) -> str:
+def _label(r: dict[str, Any]) -> str:
     if r["policy"] == "brh":
         return f"brh H={r['horizon']} ({r['predictor']})"
     return str(r["policy"])
 
 
-def _markdown(rows: list[dict[str, object]], burst: list[dict[str, object]],
-              meta: dict[str, object], args: argparse.Namespace) -> str:
+def _markdown(rows: list[dict[str, Any]], burst: list[dict[str, Any]],
+              meta: dict[str, Any], args: argparse.Namespace) -> str:
     labels = list(dict.fromkeys(_label(r) for r in rows))
     head = "| G | pool | " + " | ".join(f"{lb} P50 / P99 us" for lb in labels) + " |"
     sep = "|---|---|" + "---|" * len(labels)
