@@ -128,5 +128,5 @@ def test_growing_score_is_minus_discounted_delta_imbalance(proj: list[list[int]]
     delta = np.array([imbalance_tokens(after[:, k]) - imbalance_tokens(loads[:, k])
                       for k in range(width)])
     sc = GrowingScore(loads.max(axis=0) - loads[g], h, d_w, 1.0, float(gsz),
-                      uniform=gamma == 1.0)
+                      uniform=gamma == 1.0, dh=float(d_w @ h))
     assert np.isclose(sc(d, n), -(d_w @ delta), rtol=1e-9, atol=1e-6)

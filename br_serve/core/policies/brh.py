@@ -26,25 +26,28 @@ class GrowingScore:
     ``peak`` is the single-request peak (``n = 1``).
     """
 
-    __slots__ = ("_args", "_margins", "_parts", "peak")
+    __slots__ = ("_args", "_bonus1", "_margins", "_one", "_parts", "peak")
 
     def __init__(self, margins: FloatArray, h: FloatArray, d: FloatArray, alpha: float,
-                 beta: float, uniform: bool) -> None:
+                 beta: float, uniform: bool, dh: float) -> None:
         self._margins = margins
-        self._args = (h, d, alpha, beta, uniform)
+        self._args = (h, d, alpha, beta, uniform, dh)
         self._parts: dict[int, tuple[HorizonScore, float]] = {}
-        self.peak = self._part(1)[0].peak
+        self._one, self._bonus1 = self._part(1)  # the common case, kept at hand
+        self.peak = self._one.peak
 
     def _part(self, n: int) -> tuple[HorizonScore, float]:
         part = self._parts.get(n)
         if part is None:
-            h, d, alpha, beta, uniform = self._args
+            h, d, alpha, beta, uniform, dh = self._args
             part = (HorizonScore(self._margins - n * h, d, alpha, beta, uniform),
-                    alpha * n * float(d @ h))
+                    alpha * n * dh)
             self._parts[n] = part
         return part
 
     def __call__(self, d_tokens: float, n_requests: int = 1) -> float:
+        if n_requests == 1:
+            return self._one(d_tokens) + self._bonus1
         sc, bonus = self._part(n_requests)
         return sc(d_tokens) + bonus
 
@@ -56,7 +59,8 @@ class HorizonMargins:
     depend on (the replica's own loads, or the envelope).
     """
 
-    __slots__ = ("_cache", "alive", "alpha", "beta", "d", "h", "ld", "loads", "top", "uniform")
+    __slots__ = ("_cache", "alive", "alpha", "beta", "d", "dh", "h", "ld", "loads", "top",
+                 "uniform")
 
     def __init__(self, loads: FloatArray, alive: np.ndarray, d: FloatArray, alpha: float,
                  beta: float) -> None:
@@ -66,6 +70,7 @@ class HorizonMargins:
         self.alpha = alpha
         self.beta = beta
         self.h = np.arange(d.shape[0], dtype=np.float64)
+        self.dh = float(d @ self.h)
         self.uniform = bool((d == 1.0).all())
         self.top: FloatArray = (loads[alive].max(axis=0) if alive.any()
                                 else np.zeros(d.shape[0]))
@@ -79,7 +84,7 @@ class HorizonMargins:
         sc = self._cache.get(g)
         if sc is None:
             sc = GrowingScore(self.top - self.loads[g], self.h, self.d, self.alpha, self.beta,
-                              self.uniform)
+                              self.uniform, self.dh)
             self._cache[g] = sc
         return sc
 
