@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ValidationError
 
+from br_serve.core.config import describe_validation_error
 from br_serve.core.predictor import FinishedRequests, SurvivesWindow, TerminationPredictor
 
 _NAMES = ("survives", "survival", "exact", "oracle", "learned")
@@ -41,10 +42,7 @@ def parse_options(model: type[M], options: Mapping[str, Any], owner: str) -> M:
     try:
         return model(**options)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "options"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise ValueError(f"{owner}.{field}: {msg} (got {err.get('input')!r})") from None
+        raise ValueError(describe_validation_error(exc, owner)) from None
 
 
 def make_predictor(name: str, *, horizon: int = 80, model_path: str | None = None,

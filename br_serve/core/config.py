@@ -15,6 +15,21 @@ class ConfigError(ValueError):
     """Invalid configuration; the message starts with the name of the bad field."""
 
 
+def describe_validation_error(exc: ValidationError, owner: str = "") -> str:
+    """``"[owner.]<field>: <reason> (got <value>)"`` for the first error of ``exc``.
+
+    A cross-field check has no location; its own message names the fields, so it is
+    returned as it is. Every edge of the project formats pydantic errors this way.
+    """
+    err = exc.errors()[0]
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if not err["loc"]:
+        return msg
+    field = ".".join(str(p) for p in err["loc"])
+    prefix = f"{owner}.{field}" if owner else field
+    return f"{prefix}: {msg} (got {err.get('input')!r})"
+
+
 class PolicyConfig(BaseModel):
     """Options of every policy. Fields a policy does not use are ignored by it.
 
@@ -76,7 +91,4 @@ def parse_policy_config(data: Mapping[str, Any] | PolicyConfig | None = None,
     try:
         return PolicyConfig(**base)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "config"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"{field}: {msg} (got {err.get('input')!r})") from None
+        raise ConfigError(describe_validation_error(exc)) from None

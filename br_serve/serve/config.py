@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from br_serve.core.config import describe_validation_error
 from br_serve.engine.factory import EngineSpec
 
 #: Environment variable read for the API key when no ``api_key`` argument is given.
@@ -165,7 +166,4 @@ def parse_graph_config(data: Mapping[str, Any] | GraphConfig | None = None,
     try:
         return GraphConfig(**base)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "config"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise GraphConfigError(f"{field}: {msg} (got {err.get('input')!r})") from None
+        raise GraphConfigError(describe_validation_error(exc)) from None

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from br_serve.core.config import describe_validation_error
+
 
 class SimConfig(BaseModel):
     """One simulated run: a policy (and predictor) on ``replicas`` x ``slots`` decode slots.
@@ -63,9 +65,4 @@ def parse_sim_config(**fields: Any) -> SimConfig:
     try:
         return SimConfig(**fields)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if not err["loc"]:  # a cross-field check: its message names the field itself
-            raise ValueError(msg) from None
-        field = ".".join(str(p) for p in err["loc"])
-        raise ValueError(f"{field}: {msg} (got {err.get('input')!r})") from None
+        raise ValueError(describe_validation_error(exc)) from None
