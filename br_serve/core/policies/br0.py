@@ -9,7 +9,7 @@ from br_serve.core.fscore import f_score
 from br_serve.core.pool import PromptPool
 from br_serve.core.registry import PolicyContext, register
 from br_serve.core.tick import run_two_stage
-from br_serve.core.types import ClusterSnapshot, FloatArray, TickResult
+from br_serve.core.types import ClusterSnapshot, TickResult
 
 
 class ScalarScorer:
@@ -23,10 +23,6 @@ class ScalarScorer:
 
     def __call__(self, d_tokens: float, n_requests: int = 1) -> float:
         return f_score(d_tokens, self.peak, self.g)
-
-    def many(self, d_tokens: FloatArray) -> FloatArray:
-        out: FloatArray = d_tokens - self.g * np.maximum(d_tokens - self.peak, 0.0)
-        return out
 
 
 class ScalarMargins:
