@@ -4,7 +4,8 @@ For each policy: deploy the graph (emulated engine, G replicas), replay the trac
 requests at their (time-scaled) arrival times as streaming ``/v1/completions`` calls,
 check every stream token by token against the emulated engine's deterministic output
 (lost requests, duplicated or missing tokens), read the barrier-measured counters from
-the scheduler, then simulate the same trace and configuration. Writes one JSON file.
+the scheduler; ``repeats`` times, policies interleaved. Then simulate the same trace and
+configuration (exact and jittered, :mod:`br_serve.serve.benchreport`). Writes one JSON.
 
 Conventions shared with the simulator: a trace request with output ``o`` is sent with
 ``max_tokens = o + 1`` (the prefill token plus ``o`` decode steps, the simulator's ``o``);
@@ -125,6 +126,8 @@ def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, 
         "mean_imbalance_tokens": stats["mean_imbalance_tokens"],
         "mean_step_ms": step * 1e3,
         "busy_steps": stats["steps"],
+        "busy_s": stats["busy_s"],
+        "model_busy_s": stats["model_busy_s"],
         "requests": len(reqs),
         "requests_lost": len(reqs) - len(ok),
         "bad_tokens": sum(r.bad_tokens for r in reqs),
@@ -134,25 +137,6 @@ def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, 
         "tick_dispatch_share_of_step": td_per_step / step if step else None,
         "wall_s": wall,
     }
-
-
-def _simulate(trace: Any, cfg: GraphConfig) -> dict[str, Any] | None:
-    try:
-        from br_serve.sim import parse_sim_config, simulate
-    except ImportError:
-        return None
-    ts = cfg.time_scale
-    scfg = parse_sim_config(
-        policy=cfg.policy, predictor=None if cfg.predictor == "survives" else cfg.predictor,
-        replicas=cfg.replicas, slots=cfg.slots, horizon=cfg.horizon, seed=cfg.seed,
-        step_a_s_per_token=cfg.step_a_s_per_token * ts, step_b_s=cfg.step_b_s * ts,
-        prefill_instances=cfg.prefill_replicas, prefill_p0_s=cfg.prefill_base_s * ts,
-        prefill_p1_s_per_token=cfg.prefill_s_per_token * ts,
-        pool_capacity=cfg.pool_capacity)
-    s = simulate(trace, scfg).summary()
-    return {k: s.get(k) for k in ("throughput_tok_s", "tpot_p50_ms", "tpot_p95_ms",
-                                  "ttft_p50_ms", "mean_imbalance_tokens",
-                                  "balanced_bound_tok_s", "makespan_s", "steps")}
 
 
 def load_workload(trace_path: str | None, limit: int, arrival_scale: float,
@@ -174,75 +158,41 @@ def load_workload(trace_path: str | None, limit: int, arrival_scale: float,
 
 
 def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
-              timeout_s: float = 600.0) -> dict[str, Any]:
-    """Measure and simulate every policy; print a table; write ``out`` (JSON)."""
-    rows: list[dict[str, Any]] = []
+              timeout_s: float = 600.0, repeats: int = 1, jitter_s: float = 0.05,
+              seeds: int = 16) -> dict[str, Any]:
+    """Measure every policy ``repeats`` times (interleaved: jsq, br0, ..., jsq, br0, ...
+    so slow drifts of the host hit all policies alike), simulate each (exact trace plus a
+    jittered ensemble, see :mod:`br_serve.serve.benchreport`), print a table, write
+    ``out`` (JSON)."""
+    from br_serve.serve.benchreport import format_table, gains, host_overhead_s, simulate_ensemble
+
+    runs: list[dict[str, Any]] = []
+    for rep in range(repeats):
+        for pol in policies:
+            cfg = base.model_copy(update={"policy": pol, "app_name": f"bench_{pol}"})
+            reqs = [_Req(i, float(trace.arrival_s[i]), int(trace.input_tokens[i]),
+                         int(trace.output_tokens[i]) + 1, 10_000 + i)
+                    for i in range(len(trace))]
+            t = time.perf_counter()
+            meas = _measure(cfg, reqs, timeout_s)
+            runs.append({"policy": pol, "repeat": rep, "measured": meas})
+            print(f"{pol} (run {rep + 1}/{repeats}): {time.perf_counter() - t:.0f}s: "
+                  f"{json.dumps({k: meas[k] for k in _PROGRESS_KEYS})}", flush=True)
+    overhead = host_overhead_s(runs)
+    sims, sims_o = {}, {}
     for pol in policies:
-        cfg = base.model_copy(update={"policy": pol, "app_name": f"bench_{pol}"})
-        reqs = [_Req(i, float(trace.arrival_s[i]), int(trace.input_tokens[i]),
-                     int(trace.output_tokens[i]) + 1, 10_000 + i) for i in range(len(trace))]
-        t = time.perf_counter()
-        meas = _measure(cfg, reqs, timeout_s)
-        sim = _simulate(trace, cfg)
-        rows.append({"policy": pol, "measured": meas, "simulated": sim})
-        print(f"{pol}: measured in {time.perf_counter() - t:.0f}s: "
-              f"{json.dumps({k: meas[k] for k in ('throughput_tok_s', 'requests_lost')})}",
-              flush=True)
+        cfg = base.model_copy(update={"policy": pol})
+        sims[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds)
+        sims_o[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds, extra_step_s=overhead)
     result = {"config": base.model_dump(exclude={"api_key"}), "requests": len(trace),
-              "rows": rows, "gains": _gains(rows)}
+              "repeats": repeats, "sim_jitter_s": jitter_s, "sim_seeds": seeds,
+              "host_overhead_s": overhead, "runs": runs, "simulated": sims,
+              "simulated_overhead": sims_o, "gains": gains(runs, sims, sims_o)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(format_table(result))
     return result
 
 
-def _gains(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    by = {r["policy"]: r for r in rows}
-    if "jsq" not in by:
-        return {}
-    out: dict[str, Any] = {}
-    for pol, r in by.items():
-        if pol == "jsq":
-            continue
-        m0, m1 = by["jsq"]["measured"]["throughput_tok_s"], r["measured"]["throughput_tok_s"]
-        g = {"measured_pct": 100.0 * (m1 / m0 - 1) if m0 else None}
-        q0 = by["jsq"]["measured"]["model_throughput_tok_s"]
-        q1 = r["measured"]["model_throughput_tok_s"]
-        g["measured_model_time_pct"] = 100.0 * (q1 / q0 - 1) if q0 else None
-        if r["simulated"] and by["jsq"]["simulated"]:
-            s0 = by["jsq"]["simulated"]["throughput_tok_s"]
-            s1 = r["simulated"]["throughput_tok_s"]
-            g["simulated_pct"] = 100.0 * (s1 / s0 - 1) if s0 else None
-            if g["measured_pct"] is not None and g["simulated_pct"] is not None:
-                g["difference_pp"] = g["measured_pct"] - g["simulated_pct"]
-            if g["measured_model_time_pct"] is not None and g["simulated_pct"] is not None:
-                g["model_time_difference_pp"] = (g["measured_model_time_pct"]
-                                                 - g["simulated_pct"])
-        out[f"{pol}_over_jsq"] = g
-    return out
-
-
-def format_table(result: dict[str, Any]) -> str:
-    def f(v: Any, p: int = 1) -> str:
-        return "-" if v is None else f"{v:,.{p}f}"
-
-    lines = ["| policy | thr tok/s wall-step (meas / sim) | thr tok/s model-step (meas) | "
-             "TPOT P95 ms (meas / sim) | imbalance tokens (meas / sim) | lost | bad tokens "
-             "| tick+dispatch / step |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        m, s = r["measured"], r["simulated"] or {}
-        lines.append(
-            f"| {r['policy']} | {f(m['throughput_tok_s'])} / {f(s.get('throughput_tok_s'))} | "
-            f"{f(m['model_throughput_tok_s'])} | "
-            f"{f(m['tpot_p95_ms'])} / {f(s.get('tpot_p95_ms'))} | "
-            f"{f(m['mean_imbalance_tokens'], 0)} / {f(s.get('mean_imbalance_tokens'), 0)} | "
-            f"{m['requests_lost']} | {m['bad_tokens']} | "
-            f"{f(100 * (m['tick_dispatch_share_of_step'] or 0), 2)}% |")
-    for k, g in result["gains"].items():
-        lines.append(f"\n{k}: simulated {f(g.get('simulated_pct'), 2)}%; measured "
-                     f"{f(g.get('measured_pct'), 2)}% with wall-clock steps (difference "
-                     f"{f(g.get('difference_pp'), 2)} pp), "
-                     f"{f(g.get('measured_model_time_pct'), 2)}% with model-priced steps "
-                     f"(difference {f(g.get('model_time_difference_pp'), 2)} pp)")
-    return "\n".join(lines)
+_PROGRESS_KEYS = ("throughput_tok_s", "model_throughput_tok_s", "mean_imbalance_tokens",
+                  "requests_lost", "bad_tokens")

@@ -129,6 +129,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = {"replicas": "8", "port": str(_free_port()), "pool_capacity": "4096",
             **_kv(args.set)}
     base = parse_graph_config(opts)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: must be at least 1 (got {args.repeats})")
+    if args.sim_seeds < 0 or args.sim_jitter < 0:
+        raise ValueError("--sim-seeds/--sim-jitter: must not be negative")
     if args.trace and not Path(args.trace).exists():
         raise FileNotFoundError(f"--trace: no such file {args.trace}")
     trace = load_workload(args.trace, args.requests, args.arrival_scale, args.max_output,
@@ -138,11 +142,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         parse_graph_config(base.model_dump(), policy=p)  # names a bad policy up front
     _start_ray(args.num_cpus)
     try:
-        res = run_bench(base, policies, trace, Path(args.out), args.timeout)
+        res = run_bench(base, policies, trace, Path(args.out), args.timeout,
+                        repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds)
     finally:
         _stop_ray()
     lost = sum(r["measured"]["requests_lost"] + r["measured"]["bad_tokens"]
-               for r in res["rows"])
+               for r in res["runs"])
     print(f"wrote {args.out}")
     return 0 if lost == 0 else 1
 
@@ -173,6 +178,12 @@ def register(sub: Any) -> None:
     p.add_argument("--max-prompt", type=int, default=32768, help="clip prompts (tokens)")
     p.add_argument("--policies", default="jsq,br0,brh")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="live runs per policy, interleaved (gains: mean and s.e.)")
+    p.add_argument("--sim-jitter", type=float, default=0.05,
+                   help="simulator ensemble: arrival jitter s.d. in seconds")
+    p.add_argument("--sim-seeds", type=int, default=16,
+                   help="simulator ensemble: jittered replays per policy")
     p.add_argument("--out", default="results/serve_bench.json")
     p.set_defaults(func=cmd_bench)
 

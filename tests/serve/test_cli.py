@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from br_serve.cli import main
-from br_serve.serve.bench import _gains, format_table, load_workload
+from br_serve.serve.bench import load_workload
+from br_serve.serve.benchreport import format_table, gains, host_overhead_s, jittered
 
 
 @pytest.mark.parametrize("argv", [
@@ -38,26 +39,53 @@ def test_workload_clips_and_scales() -> None:
     assert np.allclose(tr.arrival_s, ref.arrival_s * 0.5)
 
 
-def _row(pol: str, thr: float, model_thr: float, sim: float | None) -> dict[str, object]:
+def _run(pol: str, rep: int, thr: float, model_thr: float) -> dict[str, object]:
     meas = {"throughput_tok_s": thr, "model_throughput_tok_s": model_thr,
             "tpot_p95_ms": 80.0, "mean_imbalance_tokens": 1000.0, "requests_lost": 0,
-            "bad_tokens": 0, "tick_dispatch_share_of_step": 0.01}
-    simd = None if sim is None else {"throughput_tok_s": sim, "tpot_p95_ms": 70.0,
-                                     "mean_imbalance_tokens": 900.0}
-    return {"policy": pol, "measured": meas, "simulated": simd}
+            "bad_tokens": 0, "tick_dispatch_share_of_step": 0.01, "busy_s": 12.0,
+            "model_busy_s": 10.0, "busy_steps": 100}
+    return {"policy": pol, "repeat": rep, "measured": meas}
 
 
-def test_gains_against_jsq() -> None:
-    rows = [_row("jsq", 100.0, 200.0, 400.0), _row("br0", 110.0, 230.0, 440.0)]
-    g = _gains(rows)["br0_over_jsq"]
-    assert g["measured_pct"] == pytest.approx(10.0)
-    assert g["measured_model_time_pct"] == pytest.approx(15.0)
-    assert g["simulated_pct"] == pytest.approx(10.0)
-    assert g["difference_pp"] == pytest.approx(0.0)
-    assert g["model_time_difference_pp"] == pytest.approx(5.0)
-    text = format_table({"rows": rows, "gains": _gains(rows)})
-    assert "| br0 | 110.0 / 440.0 | 230.0 |" in text
-    assert _gains([_row("br0", 1.0, 1.0, None)]) == {}
+def _sim(point: float, ens: list[float]) -> dict[str, object]:
+    return {"point": {"throughput_tok_s": point}, "throughput_tok_s": ens,
+            "mean_imbalance_tokens": [900.0] * len(ens), "tpot_p95_ms": [70.0] * len(ens)}
+
+
+def test_gains_pair_repeats_and_seeds() -> None:
+    runs = [_run("jsq", 0, 100.0, 200.0), _run("br0", 0, 110.0, 230.0),
+            _run("jsq", 1, 100.0, 100.0), _run("br0", 1, 130.0, 105.0)]
+    sims = {"jsq": _sim(400.0, [100.0, 200.0]), "br0": _sim(440.0, [110.0, 240.0])}
+    simo = {"jsq": _sim(1.0, [100.0, 100.0]), "br0": _sim(1.0, [119.0, 121.0])}
+    g = gains(runs, sims, simo)["br0_over_jsq"]
+    # paired within a repeat: (+10%, +30%) wall, (+15%, +5%) model-priced
+    assert g["measured_wall"]["values"] == pytest.approx([10.0, 30.0])
+    assert g["measured_wall"]["mean"] == pytest.approx(20.0)
+    assert g["measured_wall"]["se"] == pytest.approx(10.0)
+    assert g["measured_model"]["mean"] == pytest.approx(10.0)
+    # paired within a seed: (+10%, +20%); the exact trace separately
+    assert g["sim"]["mean"] == pytest.approx(15.0)
+    assert g["sim_point_pct"] == pytest.approx(10.0)
+    assert g["model_difference_pp"] == pytest.approx(-5.0)
+    assert g["wall_difference_pp"] == pytest.approx(0.0)
+    assert g["within_goal"] is False  # the model-priced difference is 5 pp
+    assert host_overhead_s(runs) == pytest.approx(0.02)
+    result = {"runs": runs, "simulated": sims, "simulated_overhead": simo, "gains":
+              {"br0_over_jsq": g}, "sim_seeds": 2, "sim_jitter_s": 0.05,
+              "host_overhead_s": 0.02}
+    text = format_table(result)
+    assert "| br0 | 2 | 120.0 / 120.0 | 167.5 / 175.0 |" in text
+    assert "within 3 pp: NO" in text
+    assert gains([_run("br0", 0, 1.0, 1.0)], {}, {}) == {}
+
+
+def test_jittered_trace_is_seeded_and_seed_0_is_exact() -> None:
+    tr = load_workload(None, 40, 1.0, max_output=7, max_prompt=100, seed=3)
+    assert jittered(tr, 0.05, 0) is tr
+    a, b = jittered(tr, 0.05, 1), jittered(tr, 0.05, 1)
+    assert np.array_equal(a.arrival_s, b.arrival_s)
+    assert not np.array_equal(a.arrival_s, tr.arrival_s)
+    assert sorted(a.output_tokens.tolist()) == sorted(tr.output_tokens.tolist())
 
 
 @pytest.mark.ray
