@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,7 +161,7 @@ class Streamer:
         return f"{self.owner}-{self._seq}"
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[Token]:
+                       request_id: str | None = None) -> AsyncGenerator[Token, None]:
         """Stream the tokens of one request (see the module docstring)."""
         self._ensure_started()
         if len(self._dead) >= len(self._decode):
@@ -211,9 +211,12 @@ class Streamer:
                             error=exc.message)
                 return
             produced.append(first)
-            yield first
             outcome = ""
             try:
+                # inside the try: a client gone at the first token still drops its
+                # pool entry and KV (_forget), else both leak and a scheduler restart
+                # would resubmit it
+                yield first
                 async for tok in self._follow(rid, entry, len(produced) - 1, prompt_tokens):
                     if tok.error is not None:
                         outcome = tok.error
