@@ -12,8 +12,9 @@ Contracts:
 - Every KV handle ``admit`` takes is released exactly once, through the transport and
   the keeper: after the pull, or after a failed pull. A refused admission keeps it
   (the scheduler retries elsewhere).
-- Every step ends in ``Barrier.exchange``; afterwards the replica reports its measured
-  state (:class:`ReplicaReport`) to the scheduler, fire-and-forget.
+- Every step ends in ``Barrier.exchange`` of the (load, running) each member computed
+  that step with; afterwards the replica reports those rows plus its post-step state
+  (:class:`ReplicaReport`) to the scheduler, fire-and-forget.
 - Events for a request go to the outbox of its ``owner`` (an ingress replica), which
   long-polls them with :meth:`DecodeReplica.poll`. An ``Admitted`` event precedes its
   tokens; a request that cannot continue ends with a ``StreamError``.
@@ -259,13 +260,17 @@ class DecodeReplica:
                 self._take_join()
                 continue
             self._install()
+            # the barrier carries what this step computed with (its load, and its
+            # running requests = tokens it produces): the step's cost and the imbalance
+            # the barrier waited for; the post-step state goes to the scheduler's mirror
+            step_load, step_running = self.engine.load_tokens(), self.engine.running()
             t0 = time.perf_counter()
             events = self.engine.step()
             t1 = time.perf_counter()
             barrier = self._barrier
             assert barrier is not None
             try:
-                rows = barrier.exchange(self.engine.load_tokens(), self.engine.running())
+                rows = barrier.exchange(step_load, step_running)
             except BarrierError as exc:
                 log.warning("replica %d: %s", self.index, exc)
                 rows = None

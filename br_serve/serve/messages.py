@@ -75,8 +75,9 @@ class ReplicaReport:
     Rows ``running_ids[j]``, ``prompt_tokens[j]``, ``decoded_tokens[j]`` describe its
     running requests; ``finished_ids`` ended since the previous report.
     ``barrier_loads`` are the loads of ``members`` (replica indices, group rank order)
-    as the step's all-reduce delivered them, ``barrier_running`` their running counts
-    (both empty when no barrier ran).
+    *during* this step (what each member's step computed with), as the step's
+    all-reduce delivered them; ``barrier_running`` their running counts during the step,
+    i.e. the tokens each produced (both empty when no barrier ran).
     """
 
     replica: int

@@ -1,0 +1,115 @@
+"""DecodeReplica's step loop against a fake barrier and scheduler (no Ray): what the
+barrier carries and what the replica reports.
+
+Why it matters: the scheduler prices every step and computes the imbalance from the
+barrier rows. They must be the loads the step computed with; the post-step state
+(finished requests gone, survivors one token longer) would under-price the step and
+under-count its tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from br_serve.engine.base import SamplingParams
+from br_serve.serve.decode import DecodeReplica
+from br_serve.serve.messages import Admission, ReplicaReport
+from br_serve.transport.base import KVHandle
+
+KV_BYTES_PER_TOKEN = 4
+
+
+class FakeBarrier:
+    """A one-member group: records what each step exchanged."""
+
+    generation = 1
+    members = (0,)
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int]] = []
+
+    def exchange(self, load_tokens: int, running: int) -> np.ndarray:
+        self.rows.append((int(load_tokens), int(running)))
+        return np.array([[load_tokens, running]], dtype=np.int64)
+
+    def close(self) -> None:
+        return None
+
+
+class _Transport:
+    name = "fake"
+
+    def get(self, handle: KVHandle) -> Any:
+        return bytes(handle.nbytes)
+
+    def put(self, key: str, kv: Any) -> KVHandle:
+        raise AssertionError("decode never puts")
+
+    def release(self, handle: KVHandle) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.fixture()
+def replica() -> Iterator[tuple[DecodeReplica, FakeBarrier, list[ReplicaReport]]]:
+    rep = DecodeReplica(0, {"slots": 4, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+                            "step_b_s": 0.005}, "no-scheduler")
+    rep.transport = _Transport()
+    rep._keeper = type("K", (), {"release": type("M", (), {"remote": staticmethod(
+        lambda key: None)})()})()
+    reports: list[ReplicaReport] = []
+    lock = threading.Lock()
+
+    def tell(method: str, *args: Any) -> None:
+        if method == "report":
+            with lock:
+                reports.append(args[0])
+
+    rep._tell_scheduler = tell  # type: ignore[method-assign]
+    yield rep, FakeBarrier(), reports
+    asyncio.run(rep.shutdown())
+    rep._thread.join(5)
+
+
+def _admission(rid: str, prompt_tokens: int, max_tokens: int) -> Admission:
+    kv = KVHandle("fake", rid, prompt_tokens * KV_BYTES_PER_TOKEN)
+    return Admission(rid, "ingress-x", prompt_tokens, 7, SamplingParams(max_tokens=max_tokens),
+                     kv)
+
+
+def test_barrier_carries_the_loads_the_step_computed_with(
+        replica: tuple[DecodeReplica, FakeBarrier, list[ReplicaReport]]) -> None:
+    rep, barrier, reports = replica
+
+    async def admit() -> None:
+        # max_tokens=2: one decode step each (token 0 came from prefill), so both
+        # finish in the first step; "c" runs two steps
+        for rid, p, m in (("a", 5, 2), ("b", 9, 2), ("c", 100, 3)):
+            assert await rep.admit(_admission(rid, p, m))
+
+    asyncio.run(admit())
+    rep._loop = None  # that loop is closed: no poll wake-ups to deliver
+    with rep._lock:  # start stepping only now, so all three start in the same step
+        rep._barrier = barrier  # type: ignore[assignment]
+        rep._wake_step.notify_all()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len([r for r in reports if r.finished_ids]) < 2:
+        time.sleep(0.01)
+    busy = [r for r in reports if sum(r.barrier_running)]
+    assert len(busy) == 2
+    # step 1: all three, loads = prompts; step 2: "c" alone, one token longer
+    assert barrier.rows[:2] == [(5 + 9 + 100, 3), (101, 1)]
+    assert busy[0].barrier_loads == (114,) and busy[0].barrier_running == (3,)
+    # the report's own state is after the step: a and b gone, c one token longer
+    assert busy[0].running_ids == ("c",) and busy[0].load_tokens == 101
+    assert sorted(busy[0].finished_ids) == ["a", "b"]
+    assert busy[1].barrier_loads == (101,) and busy[1].running_ids == ()
