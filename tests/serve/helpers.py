@@ -19,12 +19,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_ray() -> None:
+def start_ray(metrics_port: int | None = None) -> None:
+    """A local cluster for one test module; ``metrics_port``: Prometheus export port."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
     import ray
 
     ray.init(include_dashboard=False, num_cpus=2, object_store_memory=200 * 1024**2,
-             log_to_driver=False)
+             log_to_driver=False, _metrics_export_port=metrics_port)
 
 
 @dataclass

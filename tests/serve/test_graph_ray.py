@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 
 MODEL = "br-emulated"
 KEY = "sekret"
+METRICS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def port() -> Iterator[int]:
     from br_serve.serve.config import parse_graph_config
     from br_serve.serve.graph import deploy
 
-    start_ray()
+    start_ray(metrics_port=METRICS_PORT)
     p = free_port()
     deploy(parse_graph_config(replicas=3, prefill_replicas=2, port=p, step_b_s=0.02,
                               max_context_tokens=2048, barrier_timeout_s=5))
@@ -157,6 +158,30 @@ def test_state_endpoint(client: httpx.Client) -> None:
 def test_100_concurrent_requests_all_finish(port: int) -> None:
     results = asyncio.run(_many(port, 100, 20))
     _check_exact(results, 20)
+
+
+def test_prometheus_metrics_are_exported(port: int) -> None:
+    """Every metric the graph records reaches Ray's Prometheus endpoint, after traffic
+    (the 100-request test above ran; one more request makes sure of it)."""
+    asyncio.run(_many(port, 4, 6))
+    want = ["ray_br_pool_size", "ray_br_imbalance_tokens_bucket",
+            "ray_br_tick_latency_ms_bucket", "ray_br_ttft_ms_bucket", "ray_br_tpot_ms_bucket",
+            'ray_br_replica_load_tokens{', 'ray_br_replica_running{']
+    text, missing = "", want
+    deadline = time.monotonic() + 90  # Ray flushes metrics every few seconds
+    while missing and time.monotonic() < deadline:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+        except httpx.HTTPError:
+            text = ""
+        missing = [w for w in want if w not in text]
+        if missing:
+            time.sleep(2)
+    assert not missing, f"not exported: {missing}"
+    loads = [ln for ln in text.splitlines() if ln.startswith("ray_br_replica_load_tokens{")]
+    assert {f'replica="{g}"' in " ".join(loads) for g in range(3)} == {True}
+    counts = [ln for ln in text.splitlines() if ln.startswith("ray_br_ttft_ms_count")]
+    assert counts and sum(float(ln.rsplit(" ", 1)[1]) for ln in counts) >= 4
 
 
 # -- errors -----------------------------------------------------------------------------
