@@ -159,13 +159,11 @@ def load_workload(trace_path: str | None, limit: int, arrival_scale: float,
 
 def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
               timeout_s: float = 600.0, repeats: int = 1, jitter_s: float = 0.05,
-              seeds: int = 16) -> dict[str, Any]:
+              seeds: int = 16, workload: dict[str, Any] | None = None) -> dict[str, Any]:
     """Measure every policy ``repeats`` times (interleaved: jsq, br0, ..., jsq, br0, ...
-    so slow drifts of the host hit all policies alike), simulate each (exact trace plus a
-    jittered ensemble, see :mod:`br_serve.serve.benchreport`), print a table, write
-    ``out`` (JSON)."""
-    from br_serve.serve.benchreport import format_table, gains, host_overhead_s, simulate_ensemble
-
+    so slow drifts of the host hit all policies alike), simulate each (see
+    :mod:`br_serve.serve.benchreport`), print a table, write ``out`` (JSON).
+    ``workload`` (the arguments that rebuilt ``trace``) is stored for ``--resimulate``."""
     runs: list[dict[str, Any]] = []
     for rep in range(repeats):
         for pol in policies:
@@ -178,16 +176,18 @@ def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
             runs.append({"policy": pol, "repeat": rep, "measured": meas})
             print(f"{pol} (run {rep + 1}/{repeats}): {time.perf_counter() - t:.0f}s: "
                   f"{json.dumps({k: meas[k] for k in _PROGRESS_KEYS})}", flush=True)
-    overhead = host_overhead_s(runs)
-    sims, sims_o = {}, {}
-    for pol in policies:
-        cfg = base.model_copy(update={"policy": pol})
-        sims[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds)
-        sims_o[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds, extra_step_s=overhead)
-    result = {"config": base.model_dump(exclude={"api_key"}), "requests": len(trace),
-              "repeats": repeats, "sim_jitter_s": jitter_s, "sim_seeds": seeds,
-              "host_overhead_s": overhead, "runs": runs, "simulated": sims,
-              "simulated_overhead": sims_o, "gains": gains(runs, sims, sims_o)}
+    result = {"config": base.model_dump(exclude={"api_key"}), "workload": workload or {},
+              "requests": len(trace), "repeats": repeats, "sim_jitter_s": jitter_s,
+              "sim_seeds": seeds, "runs": runs}
+    return report(result, trace, base, out)
+
+
+def report(result: dict[str, Any], trace: Any, base: GraphConfig, out: Path
+           ) -> dict[str, Any]:
+    """Simulate beside the measured ``result["runs"]``, print the table, write ``out``."""
+    from br_serve.serve.benchreport import format_table, resimulate
+
+    result = resimulate(result, trace, base)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(format_table(result))

@@ -124,8 +124,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from br_serve.serve.bench import load_workload, run_bench
+    from br_serve.serve.bench import run_bench
 
+    if args.resimulate:
+        return _resimulate(args)
     opts = {"replicas": "8", "port": str(_free_port()), "pool_capacity": "4096",
             **_kv(args.set)}
     base = parse_graph_config(opts)
@@ -135,21 +137,51 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError("--sim-seeds/--sim-jitter: must not be negative")
     if args.trace and not Path(args.trace).exists():
         raise FileNotFoundError(f"--trace: no such file {args.trace}")
-    trace = load_workload(args.trace, args.requests, args.arrival_scale, args.max_output,
-                          args.max_prompt, base.seed)
+    workload = {"trace": args.trace, "requests": args.requests,
+                "arrival_scale": args.arrival_scale, "max_output": args.max_output,
+                "max_prompt": args.max_prompt, "seed": base.seed}
+    trace = _workload(workload)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
         parse_graph_config(base.model_dump(), policy=p)  # names a bad policy up front
     _start_ray(args.num_cpus)
     try:
         res = run_bench(base, policies, trace, Path(args.out), args.timeout,
-                        repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds)
+                        repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds,
+                        workload=workload)
     finally:
         _stop_ray()
     lost = sum(r["measured"]["requests_lost"] + r["measured"]["bad_tokens"]
                for r in res["runs"])
     print(f"wrote {args.out}")
     return 0 if lost == 0 else 1
+
+
+def _workload(w: dict[str, Any]) -> Any:
+    from br_serve.serve.bench import load_workload
+
+    return load_workload(w["trace"], w["requests"], w["arrival_scale"], w["max_output"],
+                         w["max_prompt"], w["seed"])
+
+
+def _resimulate(args: argparse.Namespace) -> int:
+    """Recompute the simulator's side of an earlier run's JSON (no Ray, no HTTP)."""
+    from br_serve.serve.bench import report
+
+    path = Path(args.resimulate)
+    if not path.exists():
+        raise FileNotFoundError(f"--resimulate: no such file {path}")
+    old = json.loads(path.read_text())
+    if not old.get("workload") or "runs" not in old:
+        raise ValueError(f"--resimulate: {path} has no workload or runs (not a "
+                         "bench-serve result of this version)")
+    base = parse_graph_config(old["config"])
+    keep = ("config", "workload", "requests", "repeats", "runs")
+    res = {k: old[k] for k in keep if k in old}
+    res["sim_jitter_s"], res["sim_seeds"] = args.sim_jitter, args.sim_seeds
+    report(res, _workload(old["workload"]), base, Path(args.out))
+    print(f"wrote {args.out}")
+    return 0
 
 
 def register(sub: Any) -> None:
@@ -184,6 +216,8 @@ def register(sub: Any) -> None:
                    help="simulator ensemble: arrival jitter s.d. in seconds")
     p.add_argument("--sim-seeds", type=int, default=16,
                    help="simulator ensemble: jittered replays per policy")
+    p.add_argument("--resimulate", default=None, metavar="RESULT_JSON",
+                   help="only redo the simulator side of an earlier result (to --out)")
     p.add_argument("--out", default="results/serve_bench.json")
     p.set_defaults(func=cmd_bench)
 

@@ -21,6 +21,11 @@ class SimConfig(BaseModel):
     the pool is topped up from the backlog up to ``pool_capacity`` whenever it has room.
     ``kv_limit_tokens`` bounds admission (prompt tokens vs. room) only: decode growth past
     it is not preempted. ``None`` = unlimited.
+    ``admit_delay_steps``: steps between a request's assignment and its first decode
+    step, during which it holds its slot (and counts in the policy's view) but neither
+    decodes nor loads the step. 0 is the paper's model; the Ray graph has 1 (the
+    tick follows the step's reports while the next step already runs, and the KV pull
+    overlaps it).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -42,6 +47,7 @@ class SimConfig(BaseModel):
     prefill_p1_s_per_token: float = Field(default=2e-5, ge=0)
     pool_capacity: int = Field(default=65536, ge=1)
     max_stretch_steps: int = Field(default=4096, ge=1)
+    admit_delay_steps: int = Field(default=0, ge=0, le=64)
 
     @model_validator(mode="after")
     def _per_replica(self) -> SimConfig:

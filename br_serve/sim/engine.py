@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from br_serve.core import (
+    Assignment,
     ClusterSnapshot,
     FinishedRequests,
     PolicyContext,
@@ -156,6 +157,48 @@ class _SnapshotMaker:
                                self.a, self.b, self.empty)
 
 
+class _Lag:
+    """Requests assigned but not yet decoding (``admit_delay_steps``): they hold a slot
+    and count in the policy's view, but are left out of the step's load and tokens."""
+
+    def __init__(self, g: int, delay: int) -> None:
+        self.delay = delay
+        self.pending: dict[str, tuple[int, int, int]] = {}  # id -> (replica, prompt, left)
+        self.load = np.zeros(g, dtype=np.int64)
+        self.cnt = np.zeros(g, dtype=np.int64)
+
+    def add(self, a: Assignment) -> int:
+        """Hold ``a`` for the delay; returns the steps until its first decode step."""
+        if self.delay:
+            self.pending[a.request_id] = (a.replica, a.prompt_tokens, self.delay)
+            self.load[a.replica] += a.prompt_tokens
+            self.cnt[a.replica] += 1
+        return self.delay
+
+    def count(self) -> int:
+        return len(self.pending)
+
+    def _drop(self, rid: str) -> None:
+        g, p, _ = self.pending.pop(rid)
+        self.load[g] -= p
+        self.cnt[g] -= 1
+
+    def release_all(self) -> list[str]:
+        ids = list(self.pending)
+        for rid in ids:
+            self._drop(rid)
+        return ids
+
+    def stepped(self, st: ClusterState) -> None:
+        """One step ran without them: undo its decode for them, count down."""
+        for rid, (g, p, left) in list(self.pending.items()):
+            st.set_decoded(rid, 0)
+            if left <= 1:
+                self._drop(rid)
+            else:
+                self.pending[rid] = (g, p, left - 1)
+
+
 def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | None = None,
              *, predictor: TerminationPredictor | None = None,
              progress: bool = False) -> SimResult:
@@ -226,6 +269,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
         bar = tqdm(total=n, desc=config.label, unit="req", mininterval=0.5)
 
     fast = _SnapshotMaker(st)
+    lag = _Lag(g, config.admit_delay_steps)
     while True:
         if feeder.deliver(t, k, pool):
             changed = True
@@ -244,7 +288,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
                               strict=True):
                 i = int(a.request_id[1:])
                 st.admit(a, req, output_tokens=output_l[i])
-                admit_step[i] = k
+                admit_step[i] = k + lag.add(a)
                 replica[i] = a.replica
                 enqueue_s[i] = req.enqueued_s
             cnt = st.running_requests()
@@ -263,12 +307,22 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
                                  "replica can take (check kv_limit_tokens and slots)")
             t = max(t, nxt)
             continue
+        load = st.load_tokens()
+        if lag.pending:
+            if int(cnt.sum()) == lag.count():
+                # only waiting requests: the replicas idle through the delay (an idle
+                # step is not a busy step); they start with the next recorded step
+                t += float(st.step_b[st.alive].max())
+                for rid in lag.release_all():
+                    admit_step[int(rid[1:])] = k
+                continue
+            load, cnt = load - lag.load, cnt - lag.cnt
         rem = int(np.where(occ, st.target - st.decoded, _NEVER).min())
-        todo = min(rem, config.max_stretch_steps)
+        todo = min(rem, config.max_stretch_steps, 1 if lag.pending else rem)
         deadline = feeder.next_event_s() if fast.free(cnt) > 0 else None
-        took, t = steps.stretch(st, st.load_tokens(), cnt, c, todo, t, k, len(pool),
-                                deadline)
+        took, t = steps.stretch(st, load, cnt, c, todo, t, k, len(pool), deadline)
         st.advance(took)
+        lag.stepped(st)
         k += took
         if took < rem:
             continue

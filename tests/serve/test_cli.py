@@ -3,6 +3,9 @@ plus the bounded demo end to end (its own local Ray; slow)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -47,36 +50,65 @@ def _run(pol: str, rep: int, thr: float, model_thr: float) -> dict[str, object]:
     return {"policy": pol, "repeat": rep, "measured": meas}
 
 
-def _sim(point: float, ens: list[float]) -> dict[str, object]:
+def _sim(point: float, ens: list[float], model: list[float] | None = None
+         ) -> dict[str, object]:
     return {"point": {"throughput_tok_s": point}, "throughput_tok_s": ens,
+            "model_throughput_tok_s": model or ens,
             "mean_imbalance_tokens": [900.0] * len(ens), "tpot_p95_ms": [70.0] * len(ens)}
 
 
 def test_gains_pair_repeats_and_seeds() -> None:
     runs = [_run("jsq", 0, 100.0, 200.0), _run("br0", 0, 110.0, 230.0),
             _run("jsq", 1, 100.0, 100.0), _run("br0", 1, 130.0, 105.0)]
-    sims = {"jsq": _sim(400.0, [100.0, 200.0]), "br0": _sim(440.0, [110.0, 240.0])}
-    simo = {"jsq": _sim(1.0, [100.0, 100.0]), "br0": _sim(1.0, [119.0, 121.0])}
-    g = gains(runs, sims, simo)["br0_over_jsq"]
+    sims = {"jsq": _sim(1.0, [100.0, 100.0], [100.0, 200.0]),
+            "br0": _sim(1.0, [119.0, 121.0], [110.0, 240.0])}
+    paper = {"jsq": _sim(400.0, [100.0, 200.0]), "br0": _sim(440.0, [110.0, 240.0])}
+    g = gains(runs, sims, paper)["br0_over_jsq"]
     # paired within a repeat: (+10%, +30%) wall, (+15%, +5%) model-priced
     assert g["measured_wall"]["values"] == pytest.approx([10.0, 30.0])
     assert g["measured_wall"]["mean"] == pytest.approx(20.0)
     assert g["measured_wall"]["se"] == pytest.approx(10.0)
     assert g["measured_model"]["mean"] == pytest.approx(10.0)
-    # paired within a seed: (+10%, +20%); the exact trace separately
-    assert g["sim"]["mean"] == pytest.approx(15.0)
-    assert g["sim_point_pct"] == pytest.approx(10.0)
-    assert g["model_difference_pp"] == pytest.approx(-5.0)
+    # paired within a seed: wall (+19%, +21%), model (+10%, +20%)
+    assert g["sim_wall"]["mean"] == pytest.approx(20.0)
+    assert g["sim_model"]["mean"] == pytest.approx(15.0)
     assert g["wall_difference_pp"] == pytest.approx(0.0)
+    assert g["model_difference_pp"] == pytest.approx(-5.0)
+    assert g["paper"]["mean"] == pytest.approx(15.0)
+    assert g["paper_point_pct"] == pytest.approx(10.0)
     assert g["within_goal"] is False  # the model-priced difference is 5 pp
-    assert host_overhead_s(runs) == pytest.approx(0.02)
-    result = {"runs": runs, "simulated": sims, "simulated_overhead": simo, "gains":
-              {"br0_over_jsq": g}, "sim_seeds": 2, "sim_jitter_s": 0.05,
-              "host_overhead_s": 0.02}
+    # calibrated on the baseline's runs only: (12 - 10) s over 100 steps, per jsq run
+    assert host_overhead_s(runs, "jsq") == pytest.approx(0.02)
+    result = {"runs": runs, "simulated": sims, "gains": {"br0_over_jsq": g},
+              "sim_seeds": 2, "sim_jitter_s": 0.05, "host_overhead_s": 0.02,
+              "admit_delay_steps": 1}
     text = format_table(result)
     assert "| br0 | 2 | 120.0 / 120.0 | 167.5 / 175.0 |" in text
     assert "within 3 pp: NO" in text
     assert gains([_run("br0", 0, 1.0, 1.0)], {}, {}) == {}
+
+
+def test_resimulate_redoes_the_simulator_side(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    src, out = tmp_path / "old.json", tmp_path / "new.json"
+    workload = {"trace": None, "requests": 30, "arrival_scale": 1.0, "max_output": 20,
+                "max_prompt": 4000, "seed": 0}
+    runs = [_run(p, r, 100.0 + r, 120.0) for r in (0, 1) for p in ("jsq", "br0")]
+    src.write_text(json.dumps({"config": {"replicas": 4, "slots": 4}, "workload": workload,
+                               "requests": 30, "repeats": 2, "runs": runs}))
+    assert main(["bench-serve", "--resimulate", str(src), "--out", str(out),
+                 "--sim-seeds", "2"]) == 0
+    res = json.loads(out.read_text())
+    assert res["runs"] == runs and res["host_overhead_s"] == pytest.approx(0.02)
+    sim = res["simulated"]["br0"]
+    assert len(sim["throughput_tok_s"]) == 2 and sim["point"]["steps"] > 0
+    # the calibrated run's model-priced throughput removes the overhead again
+    assert all(m > w for m, w in zip(sim["model_throughput_tok_s"], sim["throughput_tok_s"],
+                                     strict=True))
+    assert "br0_over_jsq" in res["gains"] and "| br0 | 2 |" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"runs": []}))
+    assert main(["bench-serve", "--resimulate", str(bad), "--out", str(out)]) == 2
 
 
 def test_jittered_trace_is_seeded_and_seed_0_is_exact() -> None:

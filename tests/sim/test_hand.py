@@ -91,3 +91,29 @@ def test_full_pool_stalls_prefill() -> None:
     # 0.1 to 0.2) finds the pool full until r0 finishes at 0.1 + 10 * 0.03 = 0.4.
     np.testing.assert_allclose(res.enqueue_s, [0.1, 0.1, 0.4], atol=1e-12)
     assert res.admit_step.tolist() == [0, 10, 11]
+
+
+def test_admission_delay_by_hand() -> None:
+    """``admit_delay_steps=1`` (the Ray graph): an assigned request holds its slot for one
+    step without decoding or loading it. G=1, 2 slots, a = 1 ms/token, b = 10 ms.
+    r0: s=10, o=3 at t=0; r1: s=4, o=1 at t=15 ms (during r0's first step)."""
+    tr = Trace.build([0.0, 0.015], [10, 4], [3, 1], source="hand")
+    cfg = SimConfig(**{**CFG, "replicas": 1, "slots": 2, "admit_delay_steps": 1})
+    res = simulate(tr, cfg)
+    s = res.steps
+    # r0 alone and waiting: the replica idles one b (10 ms, not a busy step); then
+    # step 0 (L=10, 20 ms, to 30 ms); r1 was assigned after it, so step 1 runs r0 alone
+    # (L=11, 21 ms); step 2 both (L = 12 + 4, 26 ms).
+    assert res.admit_step.tolist() == [0, 2]
+    assert s.sum_load_tokens.tolist() == [10, 11, 16]
+    assert s.running.tolist() == [1, 1, 2]
+    np.testing.assert_allclose(s.tau_s, [0.020, 0.021, 0.026], atol=1e-12)
+    np.testing.assert_allclose(res.step_end_s(), [0.030, 0.051, 0.077], atol=1e-12)
+    first, fin = res.request_times()
+    np.testing.assert_allclose(first, [0.030, 0.077], atol=1e-12)
+    np.testing.assert_allclose(fin, [0.077, 0.077], atol=1e-12)
+    assert res.summary()["throughput_tok_s"] == pytest.approx(4 / 0.067)
+    # the paper's model (no delay): r1 joins step 1 (L = 11 + 4)
+    now = simulate(tr, SimConfig(**{**CFG, "replicas": 1, "slots": 2}))
+    assert now.admit_step.tolist() == [0, 1]
+    assert now.steps.sum_load_tokens.tolist() == [10, 15, 12]
