@@ -159,7 +159,8 @@ def load_workload(trace_path: str | None, limit: int, arrival_scale: float,
 
 def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
               timeout_s: float = 600.0, repeats: int = 1, jitter_s: float = 0.05,
-              seeds: int = 16, workload: dict[str, Any] | None = None) -> dict[str, Any]:
+              seeds: int = 16, workload: dict[str, Any] | None = None,
+              overhead_from: str = "jsq") -> dict[str, Any]:
     """Measure every policy ``repeats`` times (interleaved: jsq, br0, ..., jsq, br0, ...
     so slow drifts of the host hit all policies alike), simulate each (see
     :mod:`br_serve.serve.benchreport`), print a table, write ``out`` (JSON).
@@ -179,15 +180,15 @@ def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
     result = {"config": base.model_dump(exclude={"api_key"}), "workload": workload or {},
               "requests": len(trace), "repeats": repeats, "sim_jitter_s": jitter_s,
               "sim_seeds": seeds, "runs": runs}
-    return report(result, trace, base, out)
+    return report(result, trace, base, out, overhead_from)
 
 
-def report(result: dict[str, Any], trace: Any, base: GraphConfig, out: Path
-           ) -> dict[str, Any]:
+def report(result: dict[str, Any], trace: Any, base: GraphConfig, out: Path,
+           overhead_from: str = "jsq") -> dict[str, Any]:
     """Simulate beside the measured ``result["runs"]``, print the table, write ``out``."""
     from br_serve.serve.benchreport import format_table, resimulate
 
-    result = resimulate(result, trace, base)
+    result = resimulate(result, trace, base, overhead_from)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(format_table(result))

@@ -105,20 +105,29 @@ def host_overhead_s(runs: list[dict[str, Any]], policy: str | None = None) -> fl
     return max(busy - model, 0.0) / steps if steps else 0.0
 
 
-def resimulate(result: dict[str, Any], trace: Any, base: GraphConfig) -> dict[str, Any]:
+def resimulate(result: dict[str, Any], trace: Any, base: GraphConfig,
+               overhead_from: str = "jsq") -> dict[str, Any]:
     """Add the simulator's side to ``result`` (which holds the measured ``runs``):
-    the calibrated ``simulated`` ensemble, the ``paper`` one, and the gains."""
+    the calibrated ``simulated`` ensemble, the ``paper`` one, and the gains.
+
+    ``overhead_from``: ``"jsq"`` calibrates one host overhead on the baseline's runs
+    (the other policies stay out of sample); ``"own"`` gives each policy the overhead
+    measured in its own runs (a sensitivity check: the overhead is not policy-neutral,
+    see docs/serving.md)."""
+    if overhead_from not in ("jsq", "own"):
+        raise ValueError(f"overhead_from: 'jsq' or 'own' (got {overhead_from!r})")
     runs = result["runs"]
     jitter_s, seeds = result["sim_jitter_s"], result["sim_seeds"]
-    overhead = host_overhead_s(runs, "jsq")
     pols = list(dict.fromkeys(r["policy"] for r in runs))
+    overhead = {p: host_overhead_s(runs, "jsq" if overhead_from == "jsq" else p)
+                for p in pols}
     sims, paper = {}, {}
     for pol in pols:
         cfg = base.model_copy(update={"policy": pol})
-        sims[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds, overhead,
+        sims[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds, overhead[pol],
                                       GRAPH_ADMIT_DELAY_STEPS)
         paper[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds)
-    return {**result, "host_overhead_s": overhead,
+    return {**result, "overhead_from": overhead_from, "host_overhead_s": overhead,
             "admit_delay_steps": GRAPH_ADMIT_DELAY_STEPS, "simulated": sims,
             "simulated_paper": paper, "gains": gains(runs, sims, paper)}
 
@@ -167,8 +176,10 @@ def gains(runs: list[dict[str, Any]], sims: dict[str, Any],
                                      paper["jsq"]["throughput_tok_s"]))
             g["paper_point_pct"] = 100.0 * (paper[pol]["point"]["throughput_tok_s"]
                                             / paper["jsq"]["point"]["throughput_tok_s"] - 1.0)
-        diffs = [g.get("model_difference_pp"), g.get("wall_difference_pp")]
-        g["within_goal"] = all(d is not None and abs(d) <= GOAL_PP for d in diffs)
+        # the goal is on the measured gain: wall-clock throughput. The model-priced
+        # difference is a diagnostic (it isolates balance from host overhead)
+        d = g.get("wall_difference_pp")
+        g["within_goal"] = d is not None and abs(d) <= GOAL_PP
         out[f"{pol}_over_jsq"] = g
     return out
 
@@ -205,11 +216,14 @@ def format_table(result: dict[str, Any]) -> str:
             f"{sum(m['requests_lost'] for m in ms)} | {sum(m['bad_tokens'] for m in ms)} | "
             f"{f(100 * share, 2)}% (max) |")
     lines.append("")
+    ov = result.get("host_overhead_s", {})
+    ov_text = ", ".join(f"{p} {1e3 * v:.1f}" for p, v in ov.items())
     lines.append(
         f"Simulator: mean over {result.get('sim_seeds')} jittered replays "
-        f"({result.get('sim_jitter_s')} s), host overhead "
-        f"{f(1e3 * result.get('host_overhead_s', 0.0), 1)} ms/step calibrated on the jsq "
-        f"runs, admission delay {result.get('admit_delay_steps')} step.")
+        f"({result.get('sim_jitter_s')} s), admission delay "
+        f"{result.get('admit_delay_steps')} step, host overhead ms/step ({ov_text}) "
+        f"calibrated on the {'jsq' if result.get('overhead_from') == 'jsq' else 'own'} "
+        "runs.")
     for k, g in result["gains"].items():
         n = len(g["measured_wall"]["values"])
         lines.append(
@@ -217,7 +231,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"runs) vs simulated {pm(g.get('sim_wall'))} (mean ± s.d.): difference "
             f"{f(g.get('wall_difference_pp'), 2)} pp; model-priced measured "
             f"{pm(g['measured_model'], 'se')} vs simulated {pm(g.get('sim_model'))}: "
-            f"difference {f(g.get('model_difference_pp'), 2)} pp; within {GOAL_PP:g} pp: "
-            f"{'yes' if g['within_goal'] else 'NO'}. (Paper model, no overhead or delay: "
+            f"difference {f(g.get('model_difference_pp'), 2)} pp. Measured gain within "
+            f"{GOAL_PP:g} pp of the simulator's: {'yes' if g['within_goal'] else 'NO'}. "
+            f"(Paper model, no overhead or delay: "
             f"{pm(g.get('paper'))}, exact trace {f(g.get('paper_point_pct'), 2)}%.)")
     return "\n".join(lines)

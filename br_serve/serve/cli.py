@@ -148,7 +148,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         res = run_bench(base, policies, trace, Path(args.out), args.timeout,
                         repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds,
-                        workload=workload)
+                        workload=workload, overhead_from=args.overhead_from)
     finally:
         _stop_ray()
     lost = sum(r["measured"]["requests_lost"] + r["measured"]["bad_tokens"]
@@ -179,7 +179,7 @@ def _resimulate(args: argparse.Namespace) -> int:
     keep = ("config", "workload", "requests", "repeats", "runs")
     res = {k: old[k] for k in keep if k in old}
     res["sim_jitter_s"], res["sim_seeds"] = args.sim_jitter, args.sim_seeds
-    report(res, _workload(old["workload"]), base, Path(args.out))
+    report(res, _workload(old["workload"]), base, Path(args.out), args.overhead_from)
     print(f"wrote {args.out}")
     return 0
 
@@ -216,6 +216,9 @@ def register(sub: Any) -> None:
                    help="simulator ensemble: arrival jitter s.d. in seconds")
     p.add_argument("--sim-seeds", type=int, default=16,
                    help="simulator ensemble: jittered replays per policy")
+    p.add_argument("--overhead-from", choices=("jsq", "own"), default="jsq",
+                   help="calibrate the simulator's host overhead per step on the jsq runs "
+                        "(default; others out of sample) or on each policy's own runs")
     p.add_argument("--resimulate", default=None, metavar="RESULT_JSON",
                    help="only redo the simulator side of an earlier result (to --out)")
     p.add_argument("--out", default="results/serve_bench.json")
