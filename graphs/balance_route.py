@@ -1,11 +1,11 @@
 """The BalanceRoute serving graph, for ``serve run`` / ``serve deploy``.
 
-    serve run --name balance_route graphs.balance_route:app     # G=4, br0, emulated
-    serve run --name balance_route graphs.balance_route:build replicas=8 policy=brh
+    serve run graphs.balance_route:app                          # G=4, br0, emulated
+    serve run graphs.balance_route:build replicas=8 policy=brh
     serve run graphs/balance_route.yaml                         # the example config
 
-(``--name balance_route`` makes ``serve.get_app_handle("balance_route")`` find it; the
-HTTP API does not depend on the name.)
+Python callers stream through ``br_serve.serve.graph.get_handle()``, which finds the
+running graph under any application name (``serve run`` names it ``default``).
 
 Defaults: local Ray, emulated engine, 4 decode replicas, 2 prefill replicas, policy
 ``br0``, HTTP on 127.0.0.1:8000 (Serve's own default; ``serve run`` flags or the YAML's

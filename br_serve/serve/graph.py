@@ -47,3 +47,41 @@ def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) ->
     # Wait until the scheduler has found the replicas and formed the barrier group.
     handle.state.remote().result(timeout_s=120)
     return handle
+
+
+#: The deployments that make an application a BalanceRoute graph.
+GRAPH_DEPLOYMENTS = frozenset({"Ingress", "Prefill"})
+
+
+def pick_app(apps: Mapping[str, Any]) -> str:
+    """The one BalanceRoute application among ``apps`` (name -> its deployment names).
+
+    Raises:
+        LookupError: none, or several (the message lists the candidates).
+    """
+    ours = sorted(n for n, deps in apps.items() if set(deps) >= GRAPH_DEPLOYMENTS)
+    if len(ours) == 1:
+        return ours[0]
+    if not ours:
+        raise LookupError(f"no BalanceRoute application is running (applications: "
+                          f"{sorted(apps) or 'none'})")
+    raise LookupError(f"several BalanceRoute applications are running ({ours}); "
+                      "pass the name")
+
+
+def get_handle(name: str | None = None) -> Any:
+    """The handle of a running BalanceRoute app: ``name``, or the only one running.
+
+    ``serve run graphs.balance_route:app`` without ``--name`` calls the app
+    ``default``; this finds it either way. Call ``.options(stream=True)`` and then
+    ``generate_stream.remote(prompt, max_tokens=...)`` to stream tokens.
+
+    Raises:
+        LookupError: no name given and not exactly one BalanceRoute app is running.
+    """
+    from ray import serve
+
+    if name is None:
+        status = serve.status()
+        name = pick_app({n: list(a.deployments) for n, a in status.applications.items()})
+    return serve.get_app_handle(name)

@@ -134,3 +134,16 @@ def test_replicas_request_their_accelerator(device: str, extra: dict[str, object
 def test_unknown_device_names_the_field() -> None:
     with pytest.raises(GraphConfigError, match=r"^device: .*unknown 'tpu'"):
         parse_graph_config(device="tpu")
+
+
+def test_pick_app_finds_the_one_graph_or_says_why() -> None:
+    from br_serve.serve.graph import pick_app
+
+    graph = ["Ingress", "Prefill"]
+    assert pick_app({"default": graph, "other": ["Api"]}) == "default"
+    with pytest.raises(LookupError, match=r"several .*\['a', 'b'\]"):
+        pick_app({"a": graph, "b": graph})
+    with pytest.raises(LookupError, match=r"no BalanceRoute application .*\['other'\]"):
+        pick_app({"other": ["Api"]})
+    with pytest.raises(LookupError, match="none"):
+        pick_app({})

@@ -145,6 +145,13 @@ def test_handle_api_streams_tokens(port: int) -> None:
     assert [t["index"] for t in toks] == list(range(8))
     assert [t["text"] for t in toks] == expected_texts(5, 3, 8)
     assert toks[-1]["finished"] and toks[-1]["finish_reason"] == "length"
+    from br_serve.serve.graph import get_handle
+
+    # two graphs run in this module: by name it works, without one it says which
+    h = get_handle("balance_route").options(stream=True)
+    assert len(list(h.generate_stream.remote("a b", max_tokens=3, seed=1))) == 3
+    with pytest.raises(LookupError, match="several"):
+        get_handle()
 
 
 def test_state_endpoint(client: httpx.Client) -> None:
