@@ -78,13 +78,12 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
     return out
 
 
-def simulate_ensemble(trace: Any, cfg: GraphConfig, jitter_s: float, seeds: int,
+def simulate_ensemble(trace: Any, replays: list[Any], cfg: GraphConfig,
                       extra_step_s: float = 0.0, admit_delay_steps: int = 0
                       ) -> dict[str, Any]:
-    """The exact trace (``point``) and ``seeds`` jittered replays (lists, seed order)."""
+    """The exact ``trace`` (``point``) and every jittered replay (lists, in order)."""
     point = simulate_one(trace, cfg, extra_step_s, admit_delay_steps)
-    runs = [simulate_one(jittered(trace, jitter_s, s), cfg, extra_step_s, admit_delay_steps)
-            for s in range(1, seeds + 1)]
+    runs = [simulate_one(t, cfg, extra_step_s, admit_delay_steps) for t in replays]
     return {"point": point, **{k: [r[k] for r in runs] for k in _ENSEMBLE_KEYS}}
 
 
@@ -121,12 +120,14 @@ def resimulate(result: dict[str, Any], trace: Any, base: GraphConfig,
     pols = list(dict.fromkeys(r["policy"] for r in runs))
     overhead = {p: host_overhead_s(runs, "jsq" if overhead_from == "jsq" else p)
                 for p in pols}
+    # one set of jittered replays for every policy and both models: the pairing
+    replays = [jittered(trace, jitter_s, s) for s in range(1, seeds + 1)]
     sims, paper = {}, {}
     for pol in pols:
         cfg = base.model_copy(update={"policy": pol})
-        sims[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds, overhead[pol],
+        sims[pol] = simulate_ensemble(trace, replays, cfg, overhead[pol],
                                       GRAPH_ADMIT_DELAY_STEPS)
-        paper[pol] = simulate_ensemble(trace, cfg, jitter_s, seeds)
+        paper[pol] = simulate_ensemble(trace, replays, cfg)
     return {**result, "overhead_from": overhead_from, "host_overhead_s": overhead,
             "admit_delay_steps": GRAPH_ADMIT_DELAY_STEPS, "simulated": sims,
             "simulated_paper": paper, "gains": gains(runs, sims, paper)}

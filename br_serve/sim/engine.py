@@ -175,9 +175,6 @@ class _Lag:
             self.cnt[a.replica] += 1
         return self.delay
 
-    def count(self) -> int:
-        return len(self.pending)
-
     def _drop(self, rid: str) -> None:
         g, p, _ = self.pending.pop(rid)
         self.load[g] -= p
@@ -307,20 +304,24 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
                                  "replica can take (check kv_limit_tokens and slots)")
             t = max(t, nxt)
             continue
-        load = st.load_tokens()
+        # what the next steps compute with: requests still waiting out the admission
+        # delay hold their slots (cnt) but neither load nor decode
+        step_load, step_cnt = st.load_tokens(), cnt
         if lag.pending:
-            if int(cnt.sum()) == lag.count():
+            if int(cnt.sum()) == len(lag.pending):
                 # only waiting requests: the replicas idle through the delay (an idle
                 # step is not a busy step); they start with the next recorded step
                 t += float(st.step_b[st.alive].max())
                 for rid in lag.release_all():
                     admit_step[int(rid[1:])] = k
                 continue
-            load, cnt = load - lag.load, cnt - lag.cnt
+            step_load, step_cnt = step_load - lag.load, cnt - lag.cnt
         rem = int(np.where(occ, st.target - st.decoded, _NEVER).min())
-        todo = min(rem, config.max_stretch_steps, 1 if lag.pending else rem)
+        # one step at a time while any request waits: its delay ends at the next one
+        todo = 1 if lag.pending else min(rem, config.max_stretch_steps)
         deadline = feeder.next_event_s() if fast.free(cnt) > 0 else None
-        took, t = steps.stretch(st, load, cnt, c, todo, t, k, len(pool), deadline)
+        took, t = steps.stretch(st, step_load, step_cnt, c, todo, t, k, len(pool),
+                                deadline)
         st.advance(took)
         lag.stepped(st)
         k += took
