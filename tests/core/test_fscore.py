@@ -27,6 +27,11 @@ def test_br0_score_is_minus_delta_imbalance(loads: list[int], data: st.DataObjec
     delta = imbalance_tokens(after_loads) - before
     assert f_score(d, max(loads) - loads[g], len(loads)) == -delta
 
+#: (G, H+1) projected loads: up to 6 replicas, equal horizon widths up to 12.
+_PROJECTED_LOADS = st.lists(
+    st.lists(st.integers(0, 10**5), min_size=1, max_size=12), min_size=1, max_size=6,
+).filter(lambda r: len({len(x) for x in r}) == 1)
+
 
 def test_br0_score_hand_values() -> None:
     # G=4, margin 100: slope +1 up to 100, then -(G-1) = -3.
@@ -37,12 +42,7 @@ def test_br0_score_hand_values() -> None:
 
 
 @settings(max_examples=200)
-@given(
-    proj=st.lists(st.lists(st.integers(0, 10**5), min_size=1, max_size=12), min_size=1,
-                  max_size=6).filter(lambda r: len({len(x) for x in r}) == 1),
-    gamma=st.floats(0.5, 1.0),
-    data=st.data(),
-)
+@given(proj=_PROJECTED_LOADS, gamma=st.floats(0.5, 1.0), data=st.data())
 def test_horizon_score_is_minus_discounted_delta_imbalance(proj: list[list[int]], gamma: float,
                                                            data: st.DataObject) -> None:
     """With alpha=1, beta=G: F = -sum_h d_h * dI(h) over the projected loads."""
@@ -104,12 +104,7 @@ def test_projected_loads_match_brute_force(data: st.DataObject) -> None:
 
 
 @settings(max_examples=200)
-@given(
-    proj=st.lists(st.lists(st.integers(0, 10**5), min_size=1, max_size=12), min_size=1,
-                  max_size=6).filter(lambda r: len({len(x) for x in r}) == 1),
-    gamma=st.floats(0.5, 1.0),
-    data=st.data(),
-)
+@given(proj=_PROJECTED_LOADS, gamma=st.floats(0.5, 1.0), data=st.data())
 def test_growing_score_is_minus_discounted_delta_imbalance(proj: list[list[int]],
                                                            gamma: float,
                                                            data: st.DataObject) -> None:

@@ -1,16 +1,19 @@
-"""Shared helpers of the Ray integration tests: a local cluster, SSE parsing, checks."""
+"""Shared helpers of the serve tests: a local cluster, SSE parsing, checks, and the fake
+KV transport and keeper the Ray-free decode replica tests use."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from br_serve.engine.emulated import token_id, token_text
+from br_serve.transport.base import KVHandle, TransportError
 
 
 def free_port() -> int:
@@ -73,3 +76,48 @@ async def stream_completion(client: httpx.AsyncClient, path: str, payload: dict[
 def expected_texts(seed: int, prompt_tokens: int, n: int) -> list[str]:
     """The emulated engine's tokens for a request with ``seed`` and this prompt length."""
     return [token_text(token_id(seed, prompt_tokens + i)) for i in range(n)]
+
+
+class RecordingTransport:
+    """Serves payloads by key; records every release; ``get`` of a ``bad`` key fails."""
+
+    name = "fake"
+
+    def __init__(self, bad: frozenset[str] = frozenset()) -> None:
+        self.bad = bad
+        self.gets: list[str] = []
+        self.releases: list[str] = []
+        self._lock = threading.Lock()
+
+    def put(self, key: str, kv: Any) -> KVHandle:
+        raise AssertionError("decode never puts")
+
+    def get(self, handle: KVHandle) -> Any:
+        with self._lock:
+            self.gets.append(handle.key)
+        if handle.key in self.bad:
+            raise TransportError(f"fake: get {handle.key!r} failed: code -800")
+        return bytes(handle.nbytes)  # what the emulated engine admits: nbytes of KV
+
+    def release(self, handle: KVHandle) -> None:
+        with self._lock:
+            self.releases.append(handle.key)
+
+    def close(self) -> None:
+        return None
+
+
+class _Method:
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def remote(self, key: str) -> None:
+        self.calls.append(key)
+
+
+class FakeKeeper:
+    """Stands in for the KVKeeper actor handle (``keeper.release.remote(key)``)."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.release = _Method(self.released)

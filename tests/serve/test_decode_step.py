@@ -22,6 +22,7 @@ from br_serve.engine.base import SamplingParams
 from br_serve.serve.decode import DecodeReplica
 from br_serve.serve.messages import Admission, ReplicaReport
 from br_serve.transport.base import KVHandle
+from tests.serve.helpers import FakeKeeper, RecordingTransport
 
 KV_BYTES_PER_TOKEN = 4
 
@@ -43,29 +44,12 @@ class FakeBarrier:
         return None
 
 
-class _Transport:
-    name = "fake"
-
-    def get(self, handle: KVHandle) -> Any:
-        return bytes(handle.nbytes)
-
-    def put(self, key: str, kv: Any) -> KVHandle:
-        raise AssertionError("decode never puts")
-
-    def release(self, handle: KVHandle) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
 @pytest.fixture()
 def replica() -> Iterator[tuple[DecodeReplica, FakeBarrier, list[ReplicaReport]]]:
     rep = DecodeReplica(0, {"slots": 4, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
                             "step_b_s": 0.005}, "no-scheduler")
-    rep.transport = _Transport()
-    rep._keeper = type("K", (), {"release": type("M", (), {"remote": staticmethod(
-        lambda key: None)})()})()
+    rep.transport = RecordingTransport()
+    rep._keeper = FakeKeeper()
     reports: list[ReplicaReport] = []
     lock = threading.Lock()
 

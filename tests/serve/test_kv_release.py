@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -18,53 +16,9 @@ from br_serve.engine.base import SamplingParams
 from br_serve.serve.decode import DecodeReplica
 from br_serve.serve.messages import Admission, Admitted, StreamError
 from br_serve.transport.base import KVHandle, TransportError
+from tests.serve.helpers import FakeKeeper, RecordingTransport
 
 KV_BYTES_PER_TOKEN = 4
-
-
-class RecordingTransport:
-    """Serves payloads by key; records every release; ``get`` of a ``bad`` key fails."""
-
-    name = "fake"
-
-    def __init__(self, bad: frozenset[str] = frozenset()) -> None:
-        self.bad = bad
-        self.gets: list[str] = []
-        self.releases: list[str] = []
-        self._lock = threading.Lock()
-
-    def put(self, key: str, kv: Any) -> KVHandle:
-        raise AssertionError("decode never puts")
-
-    def get(self, handle: KVHandle) -> Any:
-        with self._lock:
-            self.gets.append(handle.key)
-        if handle.key in self.bad:
-            raise TransportError(f"fake: get {handle.key!r} failed: code -800")
-        return bytes(handle.nbytes)  # what the emulated engine admits: nbytes of KV
-
-    def release(self, handle: KVHandle) -> None:
-        with self._lock:
-            self.releases.append(handle.key)
-
-    def close(self) -> None:
-        return None
-
-
-class _Method:
-    def __init__(self, calls: list[str]) -> None:
-        self.calls = calls
-
-    def remote(self, key: str) -> None:
-        self.calls.append(key)
-
-
-class FakeKeeper:
-    """Stands in for the KVKeeper actor handle (``keeper.release.remote(key)``)."""
-
-    def __init__(self) -> None:
-        self.released: list[str] = []
-        self.release = _Method(self.released)
 
 
 @pytest.fixture()

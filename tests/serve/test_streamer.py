@@ -79,10 +79,15 @@ def _decode(events: list[Any] | None = None) -> FakeActor:
     return FakeActor(poll=poll, abort=None, release_kv=None)
 
 
-def _streamer(prefill: FakeActor, scheduler: FakeActor, decode: list[FakeActor],
-              keeper: FakeActor) -> Streamer:
-    cfg = parse_graph_config(replicas=len(decode), transport="objref")
-    return Streamer(cfg, prefill, scheduler, decode, keeper)
+def _world(submit: str, transport: str = "mooncake"
+           ) -> tuple[Streamer, FakeActor, list[FakeActor], FakeActor]:
+    """A Streamer over two fake decode replicas; the scheduler answers ``submit``.
+    Returns (streamer, scheduler, decode replicas, keeper)."""
+    keeper = FakeActor(release=None)
+    sched = FakeActor(submit=submit, get_incarnation="i", cancel=None)
+    dec = [_decode(), _decode()]
+    cfg = parse_graph_config(replicas=len(dec), transport="objref")
+    return Streamer(cfg, _prefill(transport), sched, dec, keeper), sched, dec, keeper
 
 
 def _params(n: int = 4) -> SamplingParams:
@@ -100,10 +105,7 @@ async def _first_then_close(s: Streamer) -> None:
 @pytest.mark.parametrize("transport", ["mooncake", "objref"])
 def test_full_pool_releases_the_kv_nobody_will_pull(transport: str) -> None:
     async def go() -> None:
-        keeper = FakeActor(release=None)
-        dec = [_decode(), _decode()]
-        s = _streamer(_prefill(transport), FakeActor(submit="full", get_incarnation="i"),
-                      dec, keeper)
+        s, _, dec, keeper = _world("full", transport)
         with pytest.raises(GenerateError) as err:
             await s.generate("a b c", _params()).__anext__()
         assert err.value.status == 429
@@ -120,10 +122,7 @@ def test_full_pool_releases_the_kv_nobody_will_pull(transport: str) -> None:
 
 def test_client_gone_before_admission_drops_entry_and_kv() -> None:
     async def go() -> None:
-        keeper = FakeActor(release=None)
-        sched = FakeActor(submit="queued", get_incarnation="i", cancel=None)
-        dec = [_decode(), _decode()]
-        s = _streamer(_prefill("mooncake"), sched, dec, keeper)
+        s, sched, dec, keeper = _world("queued")
         await _first_then_close(s)
         rid = f"{s.owner}-1"
         assert s._pending == {} and s._queues == {}
@@ -137,10 +136,7 @@ def test_client_gone_before_admission_drops_entry_and_kv() -> None:
 
 def test_release_skips_dead_replicas() -> None:
     async def go() -> None:
-        keeper = FakeActor(release=None)
-        dec = [_decode(), _decode()]
-        s = _streamer(_prefill("mooncake"), FakeActor(submit="full", get_incarnation="i"),
-                      dec, keeper)
+        s, _, dec, _ = _world("full")
         s._dead.add(0)
         with pytest.raises(GenerateError):
             await s.generate("a b c", _params()).__anext__()
@@ -152,11 +148,7 @@ def test_release_skips_dead_replicas() -> None:
 
 def test_client_gone_after_admission_aborts_on_its_replica() -> None:
     async def go() -> None:
-        keeper = FakeActor(release=None)
-        sched = FakeActor(submit="queued", get_incarnation="i", cancel=None)
-        prefill = _prefill("mooncake")
-        dec = [_decode(), _decode()]
-        s = _streamer(prefill, sched, dec, keeper)
+        s, sched, dec, keeper = _world("queued")
         rid = f"{s.owner}-1"
         dec[1] = _decode([Admitted(rid, 1)])
         s._decode[1] = dec[1]
