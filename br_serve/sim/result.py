@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from br_serve.sim.config import SimConfig
+from br_serve.sim.metrics import efficiency, wait_beyond_fcfs, wait_summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,11 @@ class SimResult:
     steady_steps: int | None
     wall_s: float
     predictor_failed_ticks: int = 0
+    #: step at whose start request ``i`` entered the pool, and its rank in pool-entry
+    #: order (the order FCFS would admit in); -1 if it never entered
+    enqueue_step: np.ndarray | None = None
+    enqueue_order: np.ndarray | None = None
+    prompt_tokens: np.ndarray | None = None
 
     # -- per request ---------------------------------------------------------------
     def step_end_s(self) -> np.ndarray:
@@ -131,6 +137,8 @@ class SimResult:
 
         head = window(0, w)
         drain = window(w, total)
+        ranks, waits = wait_beyond_fcfs(self)
+        admitted_in_win = (self.admit_step >= 0) & (self.admit_step < w)
         ticks = self.tick_ns / 1000.0
         makespan = float(ends[-1]) if total else 0.0
         out: dict[str, Any] = {
@@ -145,6 +153,8 @@ class SimResult:
             "mean_imbalance_tokens": head["mean_imbalance_tokens"],
             "throughput_tok_s": head["throughput_tok_s"],
             "balanced_bound_tok_s": head["balanced_bound_tok_s"],
+            **efficiency(s, 0, w),
+            **wait_summary(ranks, waits, admitted_in_win),
             "tpot_p50_ms": _pct(tpot, 50, 1e3),
             "tpot_p95_ms": _pct(tpot, 95, 1e3),
             "ttft_p50_ms": _pct(ttft, 50, 1e3),
