@@ -1,59 +1,90 @@
-"""Generate docs/results.md: every policy at G = 4, 8, 16 on two real traces, both modes.
+"""Regenerate docs/results.md from paired replay ensembles (one command).
 
-Usage (from the repository root; ~15-25 min on 2 shared cores)::
+Usage (from the repository root)::
 
-    python benchmarks/results.py [--requests 2000] [--replicas 4,8,16]
+    python benchmarks/results.py [--replays 8] [--jobs 2] [--only TOKENS] [--estimate]
         [--json benchmarks/out/results.json] [--md docs/results.md] [--from-json]
 
-Workloads (read from ../shared/traces, never copied):
-- ServeGen DeepSeek-R1 (outputs > 1000 tokens), the closest public stand-in for the
-  paper's heavy-tailed production trace;
-- Mooncake conversation (long prompts, prefix hashes).
-Each run simulates ``--requests`` requests taken *after* a training part of the same
-trace: the learned predictor is trained on that earlier part (``br-serve
-train-predictor``) and survival / exact are warm-started from it, so no predictor sees
-the requests it is judged on. Saturated mode puts every request at t = 0; trace-timed
-mode keeps the trace's arrival pattern, time-scaled so the offered token rate is 90%
-of what JSQ sustains saturated at that G (the raw traces overload these clusters).
-``--from-json`` re-renders the Markdown from an earlier JSON without simulating.
+Every cell is an ensemble of K (default 8) paired replays (``br_serve.sim.ensemble``):
+random windows of the trace (``window`` mode), every policy on the same windows, gains
+over ``jsq`` paired per window with a 95% t-interval. Cells per workload:
+
+- ``stationary-G4`` / ``-G8`` / ``-G16``: the stationary saturated protocol (pool kept at
+  4 x the cluster's slots, window after a warm-up of pool depth + 2 x slots admissions;
+  replay windows of 18 x slots requests, so the window holds 8 x slots admissions);
+- ``trace-80`` / ``trace-95``: trace-timed at G = 8, arrivals scaled so the offered token
+  rate is 80% / 95% of JSQ's stationary throughput at G = 8 (windows of
+  ``--trace-requests``);
+- ``capacity``: capacity at the SLO at G = 8 (``br_serve.sim.capacity``): TPOT P95 <=
+  1.25 x the step time of a full, perfectly balanced replica of mean-size requests
+  (``b + a * B * (mean prompt + mean output / 2)``), TTFT P95 <= 10 s.
+
+Workloads (read from ../shared/traces, never copied): ServeGen DeepSeek-R1 (outputs >
+1000), the same with outputs permuted (seeded), Mooncake conversation, Azure 2023 conv.
+Predictors learn online from the requests that finish (no training part).
+
+``--only`` takes a comma list of workload names, cell names or ``workload/cell``; a
+trace-timed cell without its workload's ``stationary-G8`` runs a jsq-only stationary
+ensemble to set the load. ``--estimate`` times a few probe runs per workload and prints
+the planned simulations and an estimated wall time, without running them.
+``--from-json`` re-renders the Markdown from an earlier JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from br_serve.sim import SimConfig, simulate
+from br_serve.sim import SimConfig
+from br_serve.sim.capacity import SLO, Bracket, capacity
+from br_serve.sim.ensemble import EnsembleResult, run_ensemble
+from br_serve.sim.runner import RunSpec
+from br_serve.sim.stationary import Stationary
 from br_serve.traces import Trace, load_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_render import render
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+def _traces_dir() -> Path:
+    """``shared/traces`` beside the checkout (a worktree may sit one level deeper)."""
+    for up in Path(__file__).resolve().parents:
+        if (up / "shared" / "traces").is_dir():
+            return up / "shared" / "traces"
+    return Path("shared/traces")
+
+
+TRACES = _traces_dir()
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "servegen-r1": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv", min_output=1001,
-                        train=6000),
-    "mooncake-conv": dict(path=TRACES / "mooncake" / "conversation_trace.jsonl",
-                          min_output=None, train=7000),
-    # ServeGen draws inputs and outputs from one uniform number, so they are
-    # rank-correlated; this variant permutes outputs (seeded) to remove that. G=8 only,
-    # no learned model (to keep the script's run time down).
+    "servegen-r1": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv",
+                        min_output=1001),
+    # ServeGen draws inputs and outputs from one uniform number (rank-correlated); this
+    # variant permutes the outputs (seeded) to isolate the placement effect
     "servegen-r1-shuffled": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv",
-                                 min_output=1001, train=6000, shuffle_outputs=True,
-                                 replicas=[8], learned=False),
+                                 min_output=1001, shuffle_outputs=True),
+    "mooncake-conv": dict(path=TRACES / "mooncake" / "conversation_trace.jsonl",
+                          min_output=None),
+    "azure-conv": dict(path=TRACES / "azure2023" / "AzureLLMInferenceTrace_conv.csv",
+                       min_output=None),
 }
-BASELINES = ["random", "round_robin", "jsq", "p2c", "sglang_total_tokens", "vllm_dp",
-             "dynamo_decode", "min_max", "br0"]
-PREDICTORS = ["survives", "survival", "exact", "learned", "oracle"]
-NO_AGEING = {"max_wait_ticks": 1_000_000, "max_wait_s": 1e9}
+#: (policy, predictor, needs prefix hashes)
+POLICIES: list[tuple[str, str | None, bool]] = [
+    ("jsq", None, False), ("round_robin", None, False), ("sglang_total_tokens", None, False),
+    ("vllm_dp", None, False), ("min_max", None, False), ("br0", None, False),
+    ("brh", "survival", False), ("brh", "exact", True), ("brh", "oracle", False)]
+STATIONARY_G = (4, 8, 16)
+TRACE_LOADS = {"trace-80": 0.80, "trace-95": 0.95}
+CELLS = tuple(f"stationary-G{g}" for g in STATIONARY_G) + tuple(TRACE_LOADS) + ("capacity",)
+SLO_TPOT_FACTOR, SLO_TTFT_S = 1.25, 10.0
+STEP_A, STEP_B = 5e-7, 0.03
 
 
 def _commit() -> str:
@@ -69,133 +100,200 @@ def _commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def _write_jsonl(trace: Trace, path: Path) -> None:
-    with path.open("w") as fh:
-        for i in range(len(trace)):
-            row: dict[str, Any] = {"arrival_s": float(trace.arrival_s[i]),
-                                   "input_tokens": int(trace.input_tokens[i]),
-                                   "output_tokens": int(trace.output_tokens[i])}
-            if trace.hash_ids is not None:
-                row["hash_ids"] = list(trace.hash_ids[i])
-            fh.write(json.dumps(row) + "\n")
+def load_workload(name: str, seed: int) -> Trace:
+    spec = WORKLOADS[name]
+    tr = load_trace(spec["path"], min_output=spec["min_output"])
+    if spec.get("shuffle_outputs"):
+        perm = np.random.default_rng(seed).permutation(len(tr))
+        tr = Trace.build(tr.arrival_s, tr.input_tokens, tr.output_tokens[perm], tr.hash_ids,
+                         source=tr.source + ":shuffled-outputs")
+    return tr
 
 
-def _train_learned(train: Trace, tmp: Path, name: str) -> Path | None:
-    data = tmp / f"{name}_train.jsonl"
-    _write_jsonl(train, data)
-    model = tmp / f"{name}_learned.safetensors"
-    cmd = [sys.executable, "-m", "br_serve.cli", "train-predictor", "--trace", str(data),
-           "--out", str(model), "--train-frac", "0.9"]
+def specs_for(trace: Trace, g: int, slots: int, saturated: bool) -> list[RunSpec]:
+    """The policy list, minus predictors the trace cannot feed (exact needs hashes)."""
+    return [RunSpec(SimConfig(policy=p, predictor=pr, replicas=g, slots=slots,
+                              saturated=saturated, step_a_s_per_token=STEP_A,
+                              step_b_s=STEP_B))
+            for p, pr, hashes in POLICIES if trace.hash_ids is not None or not hashes]
+
+
+def slo_for(trace: Trace, slots: int) -> SLO:
+    full = STEP_B + STEP_A * slots * (float(trace.input_tokens.mean())
+                                      + float(trace.output_tokens.mean()) / 2)
+    return SLO(tpot_p95_ms=round(SLO_TPOT_FACTOR * 1e3 * full, 1), ttft_p95_s=SLO_TTFT_S)
+
+
+def selected(only: list[str] | None, wl: str, cell: str) -> bool:
+    if not only:
+        return True
+    return any(t in (wl, cell, f"{wl}/{cell}") for t in only)
+
+
+def _progress(tag: str) -> Any:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1])
-    print(f"[{name}] train-predictor: rc {proc.returncode} in {time.perf_counter() - t0:.0f} s"
-          f" {proc.stdout.strip().splitlines()[-1:] or proc.stderr.strip()[-300:]}",
-          flush=True)
-    return model if proc.returncode == 0 and model.exists() else None
+
+    def cb(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 4) == 0:
+            print(f"  [{tag}] {done}/{total} runs, {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+    return cb
 
 
-def _predictor(name: str, horizon: int, model: Path | None, train: Trace, seed: int) -> Any:
-    from predictors import make_predictor, warm_start
-
-    pred = make_predictor(name, horizon=horizon, seed=seed,
-                          model_path=str(model) if name == "learned" and model else None)
-    if name in ("survival", "exact"):
-        warm_start(pred, train.input_tokens, train.output_tokens, hash_ids=train.hash_ids)
-    return pred
+def _summary_line(tag: str, ens: EnsembleResult) -> None:
+    for r in ens.ensemble:
+        g, se = r["gain_vs_baseline_mean"], r["gain_vs_baseline_se"]
+        print(f"  [{tag}] {r['label']:<22} gain {100 * (g or 0):+6.1f} ± "
+              f"{100 * (se or 0):.1f}%  share {r['headroom_share_mean'] or 0:+.2f}", flush=True)
 
 
-def _plan(learned_ok: bool) -> list[tuple[str, str | None, str]]:
-    """(policy, predictor, variant): shipped defaults, then BR with ageing off."""
-    preds = [p for p in PREDICTORS if p != "learned" or learned_ok]
-    rows: list[tuple[str, str | None, str]] = [(p, None, "default") for p in BASELINES]
-    rows += [("brh", p, "default") for p in preds]
-    rows += [("br0", None, "no-ageing")] + [("brh", p, "no-ageing") for p in preds]
-    return rows
+def run_workload(wl: str, args: argparse.Namespace) -> dict[str, Any]:
+    trace = load_workload(wl, args.seed)
+    b = args.slots
+    info: dict[str, Any] = {
+        "path": str(WORKLOADS[wl]["path"]), "min_output": WORKLOADS[wl]["min_output"],
+        "requests": len(trace), "hash_ids": trace.hash_ids is not None,
+        "shuffled_outputs": bool(WORKLOADS[wl].get("shuffle_outputs")),
+        "input_mean": float(trace.input_tokens.mean()),
+        "input_p50": float(np.median(trace.input_tokens)),
+        "output_mean": float(trace.output_tokens.mean()),
+        "output_p50": float(np.median(trace.output_tokens)),
+        "offered_tok_s": float(trace.output_tokens.sum() / trace.duration_s),
+        "offered_req_s": float((len(trace) - 1) / trace.duration_s)}
+    cells: dict[str, Any] = {}
+    common = dict(replays=args.replays, replay_mode="window", seed=args.seed, jobs=args.jobs)
+    for g in STATIONARY_G:
+        name = f"stationary-G{g}"
+        if not selected(args.only, wl, name):
+            continue
+        t0 = time.perf_counter()
+        ens = run_ensemble(trace, specs_for(trace, g, b, True), limit=18 * g * b,
+                           stationary=Stationary(), progress=_progress(f"{wl} {name}"),
+                           **common)
+        cells[name] = ens.to_dict() | {"wall_s": time.perf_counter() - t0,
+                                       "window_requests": 18 * g * b}
+        _summary_line(f"{wl} {name}", ens)
+    need_trace = [c for c in TRACE_LOADS if selected(args.only, wl, c)]
+    if need_trace:
+        if "stationary-G8" in cells:
+            jsq = next(r for r in cells["stationary-G8"]["ensemble"] if r["label"] == "jsq")
+        else:
+            probe = run_ensemble(trace, specs_for(trace, 8, b, True)[:1], limit=18 * 8 * b,
+                                 stationary=Stationary(), **common)
+            jsq = probe.ensemble[0]
+        info["jsq_stationary_G8_tok_s"] = jsq["throughput_tok_s_mean"]
+        for c in need_trace:
+            scale = TRACE_LOADS[c] * jsq["throughput_tok_s_mean"] / info["offered_tok_s"]
+            t0 = time.perf_counter()
+            ens = run_ensemble(trace, specs_for(trace, 8, b, False), limit=args.trace_requests,
+                               rate_scale=scale, progress=_progress(f"{wl} {c}"), **common)
+            cells[c] = ens.to_dict() | {"wall_s": time.perf_counter() - t0,
+                                        "rate_scale": scale, "load": TRACE_LOADS[c],
+                                        "window_requests": args.trace_requests}
+            _summary_line(f"{wl} {c}", ens)
+    if selected(args.only, wl, "capacity"):
+        slo = slo_for(trace, b)
+        bracket = Bracket(rel_tol=args.capacity_tol)
+        if "stationary-G8" in cells:  # no policy sustains more than its saturated rate
+            top = max(r["throughput_tok_s_mean"] for r in cells["stationary-G8"]["ensemble"])
+            hi = 1.2 * top / info["output_mean"]
+            bracket = Bracket(lo_req_s=hi / 4, hi_req_s=hi, rel_tol=args.capacity_tol)
+        t0 = time.perf_counter()
+        cap = capacity(trace, specs_for(trace, 8, b, False), slo, replays=args.replays,
+                       replay_mode="window", limit=args.capacity_requests, seed=args.seed,
+                       jobs=args.jobs, bracket=bracket,
+                       progress=lambda m: print(f"  [{wl} capacity] {m}", flush=True))
+        cells["capacity"] = cap.to_dict() | {"wall_s": time.perf_counter() - t0,
+                                             "window_requests": args.capacity_requests}
+        for r in cap.runs:
+            print(f"  [{wl} capacity] {r['label']:<22} {r['capacity_req_s']:.3f} req/s "
+                  f"({100 * (r['capacity_vs_baseline'] or 0):+.1f}%) {r['note'] or ''}",
+                  flush=True)
+    return {"info": info, "cells": cells}
 
 
-def run_all(args: argparse.Namespace) -> dict[str, Any]:
-    doc: dict[str, Any] = {"config": vars(args) | {"json": str(args.json), "md": str(args.md)},
-                           "workloads": {}, "runs": [], "commit": _commit()}
-    tmp = Path(tempfile.mkdtemp(prefix="br_results_"))
-    for wname, spec in WORKLOADS.items():
-        full = load_trace(spec["path"], min_output=spec["min_output"])
-        if spec.get("shuffle_outputs"):
-            perm = np.random.default_rng(args.seed).permutation(len(full))
-            full = Trace.build(full.arrival_s, full.input_tokens, full.output_tokens[perm],
-                               full.hash_ids, source=full.source + ":shuffled-outputs")
-        k = int(spec["train"])
-        train = full.take(np.arange(k))
-        sim = full.take(np.arange(k, min(len(full), k + args.requests)))
-        learn = not args.no_learned and spec.get("learned", True)
-        model = _train_learned(train, tmp, wname) if learn else None
-        doc["workloads"][wname] = {
-            "path": str(spec["path"]), "filter_min_output": spec["min_output"],
-            "train_requests": k, "sim_requests": len(sim), "learned_model": model is not None,
-            "learned_planned": learn,
-            "sim_duration_s": sim.duration_s, "replicas": spec.get("replicas", args.replicas),
-            "shuffled_outputs": bool(spec.get("shuffle_outputs")),
-            "offered_tok_s": float(sim.output_tokens.sum() / max(sim.duration_s, 1e-9)),
-            "input_p50": float(np.median(sim.input_tokens)),
-            "output_p50": float(np.median(sim.output_tokens)),
-            "output_mean": float(sim.output_tokens.mean())}
-        for g in spec.get("replicas", args.replicas):
-            jsq_sat = None
-            for mode in ("saturated", "trace"):
-                trace = sim
-                scale = 1.0
-                if mode == "trace":
-                    assert jsq_sat
-                    offered = sim.output_tokens.sum() / sim.duration_s
-                    scale = float(offered / (0.9 * jsq_sat))
-                    trace = sim.scaled(scale)
-                for pol, pred_name, variant in _plan(model is not None):
-                    cfg = SimConfig(policy=pol, predictor=pred_name, replicas=g,
-                                    slots=args.slots, horizon=args.horizon, seed=args.seed,
-                                    saturated=mode == "saturated")
-                    pred = (_predictor(pred_name, args.horizon, model, train, args.seed)
-                            if pred_name else None)
-                    opts = dict(NO_AGEING) if variant == "no-ageing" else {}
-                    res = simulate(trace, cfg, opts, predictor=pred)
-                    s = res.summary()
-                    s.update(workload=wname, variant=variant, time_scale=scale)
-                    s["label"] = cfg.label
-                    doc["runs"].append(s)
-                    if pol == "jsq" and mode == "saturated":
-                        jsq_sat = s["throughput_tok_s"]
-                    print(f"[{wname} G={g} {mode}] {cfg.label:<14} {variant:<9} imb "
-                          f"{s['mean_imbalance_tokens'] or 0:>11,.0f} thr "
-                          f"{s['throughput_tok_s'] or 0:>8,.1f} bound "
-                          f"{s['balanced_bound_tok_s'] or 0:>8,.1f} "
-                          f"tick p50 {s['tick_p50_us'] or 0:>7,.0f} us "
-                          f"({s['wall_s']:.1f} s)", flush=True)
-    return doc
+def estimate(args: argparse.Namespace) -> None:
+    """Probe each workload (jsq and brh+survival, one stationary G=8 window) and
+    extrapolate per simulated request to the planned cells."""
+    total_s = 0.0
+    for wl in WORKLOADS:
+        if not any(selected(args.only, wl, c) for c in CELLS):
+            continue
+        trace = load_workload(wl, args.seed)
+        probe = [s for s in specs_for(trace, 8, args.slots, True)
+                 if s.name in ("jsq", "brh+survival")]
+        ens = run_ensemble(trace, probe, replays=1, replay_mode="window",
+                           limit=18 * 8 * args.slots, stationary=Stationary(), jobs=1)
+        per_req = {r["label"]: r["wall_s"] / r["requests"] for r in ens.runs}
+        cheap, dear = per_req["jsq"], per_req["brh+survival"]
+        n_specs = len(specs_for(trace, 8, args.slots, True))
+        n_brh = sum(1 for s in specs_for(trace, 8, args.slots, True) if s.config.predictor)
+        per_spec_req = ((n_specs - n_brh) * cheap + n_brh * dear)
+        plan = 0.0
+        for g in STATIONARY_G:
+            if selected(args.only, wl, f"stationary-G{g}"):
+                plan += args.replays * 18 * g * args.slots * per_spec_req * g / 8
+        plan += sum(args.replays * args.trace_requests * per_spec_req
+                    for c in TRACE_LOADS if selected(args.only, wl, c))
+        if selected(args.only, wl, "capacity"):
+            plan += 8 * args.replays * args.capacity_requests * per_spec_req  # ~8 rounds
+        wl_s = plan / max(1, min(args.jobs, os.cpu_count() or 1))
+        total_s += wl_s
+        print(f"{wl}: probe {1e3 * cheap:.2f} / {1e3 * dear:.2f} ms per request (jsq / "
+              f"brh+survival); estimated {wl_s / 60:.1f} min with --jobs {args.jobs}")
+    print(f"estimated total: {total_s / 60:.1f} min (the G = 16 cells are scaled by G; "
+          f"a loaded machine is slower)")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--replicas", type=lambda t: [int(x) for x in t.split(",")],
-                    default=[4, 8, 16])
+    ap.add_argument("--replays", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--horizon", type=int, default=80)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trace-requests", type=int, default=1500)
+    ap.add_argument("--capacity-requests", type=int, default=1000)
+    ap.add_argument("--capacity-tol", type=float, default=0.03)
+    ap.add_argument("--only", type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
+                    default=None)
+    ap.add_argument("--estimate", action="store_true")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/out/results.json"))
     ap.add_argument("--md", type=Path, default=Path("docs/results.md"))
+    ap.add_argument("--plots", type=Path, default=Path("docs/results"))
     ap.add_argument("--from-json", action="store_true")
-    ap.add_argument("--no-learned", action="store_true", help="skip training (quick check)")
     args = ap.parse_args()
+    for tok in args.only or []:
+        wl, _, cell = tok.rpartition("/")
+        if tok not in WORKLOADS and tok not in CELLS and not (wl in WORKLOADS
+                                                              and cell in CELLS):
+            raise SystemExit(f"--only: unknown {tok!r}; workloads {list(WORKLOADS)}, "
+                             f"cells {list(CELLS)}")
+    if args.replays < 8:
+        print(f"note: --replays {args.replays} is below the K >= 8 the results page "
+              f"promises; use it for checks only", file=sys.stderr)
+    if args.estimate:
+        estimate(args)
+        return 0
     if args.from_json:
         doc = json.loads(args.json.read_text())
     else:
         t0 = time.perf_counter()
-        doc = run_all(args)
+        doc = {"config": {k: (str(v) if isinstance(v, Path) else v)
+                          for k, v in vars(args).items()},
+               "commit": _commit(), "workloads": {},
+               "policies": [f"{p}+{pr}" if pr else p for p, pr, _ in POLICIES],
+               "slo": {"tpot_factor": SLO_TPOT_FACTOR, "ttft_p95_s": SLO_TTFT_S},
+               "step": {"a_s_per_token": STEP_A, "b_s": STEP_B}}
+        for wl in WORKLOADS:
+            if any(selected(args.only, wl, c) for c in CELLS):
+                print(f"[{wl}]", flush=True)
+                doc["workloads"][wl] = run_workload(wl, args)
         doc["wall_s"] = time.perf_counter() - t0
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1, default=str))
     args.md.parent.mkdir(parents=True, exist_ok=True)
-    args.md.write_text(render(doc))
-    print(f"wrote {args.md} ({len(doc['runs'])} runs)")
+    args.md.write_text(render(doc, args.plots, args.md.parent))
+    print(f"wrote {args.md} and plots under {args.plots}")
     return 0
 
 

@@ -28,7 +28,7 @@ from br_serve.sim.config import SimConfig
 from br_serve.sim.replays import Replay, make_replays
 from br_serve.sim.runner import Runner, RunSpec, Task
 from br_serve.sim.stationary import Stationary
-from br_serve.sim.stats import paired
+from br_serve.sim.stats import Paired, paired
 from br_serve.traces import Trace
 
 #: Per-run metrics summarised as ``<name>_mean`` / ``<name>_se`` in ensemble rows.
@@ -111,6 +111,27 @@ def run_ensemble(trace: Trace, specs: Sequence[RunSpec], *, replays: int = 8,
     return assemble(specs, reps, rows, baseline, replay_mode, stationary)
 
 
+def paired_gain(runs: Sequence[dict[str, Any]], label: str, against: str,
+                replicas: int | None = None, metric: str = "throughput_tok_s") -> Paired:
+    """Paired statistics of ``metric(label) / metric(against) - 1`` over the replays of
+    ``runs`` (an ensemble's ``runs`` list), e.g. ``brh+survival`` against ``br0``.
+
+    Raises:
+        KeyError: a label without runs, or replays present for one label only.
+    """
+    def per(lab: str) -> dict[int, float]:
+        out = {r["replay"]: r[metric] for r in runs
+               if r["label"] == lab and (replicas is None or r["replicas"] == replicas)}
+        if not out:
+            raise KeyError(f"no runs labelled {lab!r} (replicas {replicas})")
+        return out
+
+    a, b = per(label), per(against)
+    if set(a) != set(b):
+        raise KeyError(f"{label!r} and {against!r} were not run on the same replays")
+    return paired([a[r] / b[r] - 1.0 for r in sorted(a)])
+
+
 def check_baseline(specs: Sequence[RunSpec], baseline: str) -> None:
     names = [s.name for s in specs]
     if baseline not in names:
@@ -141,12 +162,27 @@ def assemble(specs: Sequence[RunSpec], reps: Sequence[Replay], rows: list[dict[s
             else "saturated" if specs[0].config.saturated else "trace")
     info = [{"index": r.index, "start": r.start, "seed": r.seed, "requests": len(r.trace),
              "mode": r.mode} for r in reps]
-    meta: dict[str, Any] = {}
+    meta: dict[str, Any] = {"window_overlap": window_overlap(reps)}
     if stationary is not None:
         meta["stationary"] = {"pool_depth": stationary.pool_depth,
                               "warmup_admissions": stationary.warmup_admissions,
                               "representative_tol": stationary.representative_tol}
     return EnsembleResult(runs, ensemble, info, baseline, replay_mode, mode, meta)
+
+
+def window_overlap(reps: Sequence[Replay]) -> float | None:
+    """Mean share of a window's requests that another window also holds (over all
+    pairs); 0 for disjoint windows, None unless the mode is ``window``. Overlapping
+    windows make replays correlated, so their intervals are optimistic."""
+    if len(reps) < 2 or any(r.mode != "window" for r in reps):
+        return None
+    shares = []
+    for i, a in enumerate(reps):
+        for b in reps[i + 1:]:
+            na, nb = len(a.trace), len(b.trace)
+            inter = max(0, min(a.start + na, b.start + nb) - max(a.start, b.start))
+            shares.append(inter / min(na, nb))
+    return sum(shares) / len(shares)
 
 
 def _pair(run: dict[str, Any], base: dict[str, Any] | None,

@@ -7,7 +7,8 @@ policy always chooses among ``pool_depth`` candidates. Metrics cover the **stati
 window** of steps ``[w0, w1]``:
 
 - ``w0``: the step at which the ``warmup_admissions``-th request was admitted (default
-  2 x the cluster's slots: the initial fill plus one full turnover);
+  ``pool_depth`` + 2 x the cluster's slots: under FCFS order everything in the pool and
+  the slots at t = 0 has been admitted by then, plus one more turnover of the slots);
 - ``w1``: the step at whose start the last request of the trace entered the pool (the
   pool is full through step ``w1``; afterwards it can no longer be topped up).
 
@@ -47,8 +48,8 @@ class Stationary:
     """The stationary protocol's parameters (``None`` = the default named per field).
 
     ``pool_depth``: requests kept in the pool (default 4 x replicas x slots).
-    ``warmup_admissions``: admissions before the window opens (default 2 x replicas x
-    slots). ``age_samples``: steps at which pool ages are sampled.
+    ``warmup_admissions``: admissions before the window opens (default pool depth + 2 x
+    replicas x slots). ``age_samples``: steps at which pool ages are sampled.
     ``representative_tol``: allowed relative gap of the admitted means.
     """
 
@@ -72,8 +73,8 @@ class Stationary:
         return 4 * cfg.replicas * cfg.slots if self.pool_depth is None else self.pool_depth
 
     def warmup(self, cfg: SimConfig) -> int:
-        return (2 * cfg.replicas * cfg.slots if self.warmup_admissions is None
-                else self.warmup_admissions)
+        return (self.depth(cfg) + 2 * cfg.replicas * cfg.slots
+                if self.warmup_admissions is None else self.warmup_admissions)
 
     def sim_config(self, cfg: SimConfig) -> SimConfig:
         """``cfg`` in saturated mode with the pool capped at the depth."""
@@ -88,8 +89,8 @@ class Stationary:
                 f"limit: {requests} requests are too few for the stationary mode at "
                 f"G={cfg.replicas}, B={cfg.slots}: the pool depth ({d}) plus the warm-up "
                 f"({w} admissions) leave no window; replay at least {d + w + 1} requests "
-                f"(more than {d + w + 4 * cfg.replicas * cfg.slots} for a useful window) "
-                f"or lower pool_depth / warmup_admissions")
+                f"({d + w + 8 * cfg.replicas * cfg.slots} for a window of 8 turnovers of "
+                f"the slots) or lower pool_depth / warmup_admissions")
 
 
 def stationary_summary(res: SimResult, spec: Stationary) -> dict[str, Any]:

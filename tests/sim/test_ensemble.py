@@ -117,17 +117,17 @@ def test_bad_ensemble_input_names_the_field() -> None:
 
 def test_stationary_window_by_hand() -> None:
     """G = 1, B = 1, step 10 ms, every output 10 steps: one admission per 0.1 s. Pool depth
-    4, warm-up 2 admissions. Row i is admitted at step 10 i and (i >= 4) entered the pool
-    at step 10 (i - 4), so it waits 0.4 s; row 19, the last, enters at step 150."""
+    4, warm-up 4 + 2 admissions. Row i is admitted at step 10 i and (i >= 4) entered the
+    pool at step 10 (i - 4), so it waits 0.4 s; row 19, the last, enters at step 150."""
     cfg = SimConfig(policy="jsq", replicas=1, slots=1, step_a_s_per_token=0.0,
                     step_b_s=0.01)
     ens = run_ensemble(_flat(20), [RunSpec(cfg)], replays=1, replay_mode="none",
                        stationary=Stationary(), jobs=1)
     (run,) = ens.runs
     assert run["mode"] == "stationary" and ens.mode == "stationary"
-    assert (run["pool_depth"], run["warmup_admissions"]) == (4, 2)
-    assert (run["window_start_step"], run["window_end_step"]) == (20, 151)
-    assert run["window_admitted"] == 14  # rows 2..15
+    assert (run["pool_depth"], run["warmup_admissions"]) == (4, 6)
+    assert (run["window_start_step"], run["window_end_step"]) == (60, 151)
+    assert run["window_admitted"] == 10  # rows 6..15
     assert run["throughput_tok_s"] == pytest.approx(100.0)
     assert run["barrier_idle_share"] == 0.0
     assert run["mean_step_ms"] == pytest.approx(10.0)
