@@ -37,7 +37,7 @@ class GrowingScore:
 
     Admitting ``n`` requests of total prompt ``D`` adds ``D + n*h`` to the replica's
     load at step ``h``, so ``F_n(D) = alpha*sum_h d_h (D + n h)
-    - beta*sum_h d_h (D + n h - m(h))_+``: DESIGN's score with margins ``m - n*h`` and
+    - beta*sum_h d_h (D + n h - m(h))_+``: the paper's score with margins ``m - n*h`` and
     a constant ``alpha*n*sum_h d_h h``. With ``alpha = 1, beta = G`` it is exactly
     ``-sum_h d_h dI(h)``. Leaving the growth out made BR-H overfill replicas with a free
     slot (their margins grow with ``h`` only until the new request starts growing too):
