@@ -96,7 +96,7 @@ class CapacityResult:
 def _floor_note(spec: RunSpec, slo: SLO) -> str | None:
     """Why no rate at all can meet ``slo`` on this cluster, or None."""
     c = spec.config
-    b = c.step_b_s if isinstance(c.step_b_s, float) else min(c.step_b_s)
+    b = min(c.coefficients(c.replicas)[1])
     if 1e3 * b > slo.tpot_p95_ms:
         return (f"no rate can meet the SLO: every decode step takes at least "
                 f"b = {1e3 * b:g} ms > TPOT P95 {slo.tpot_p95_ms:g} ms")
@@ -132,7 +132,7 @@ def capacity(trace: Trace, specs: Sequence[RunSpec], slo: SLO, *, replays: int =
     hi0: dict[int, float] = {}
     for i, s in enumerate(specs):
         c = s.config
-        b = c.step_b_s if isinstance(c.step_b_s, float) else min(c.step_b_s)
+        b = min(c.coefficients(c.replicas)[1])
         bound = c.replicas * c.slots / max(b, 1e-9) / mean_out
         hi0[i] = br.hi_req_s if br.hi_req_s is not None else bound
     lo0 = {i: br.lo_req_s if br.lo_req_s is not None else hi0[i] / br.lo_fraction
@@ -213,7 +213,7 @@ class _Search:
         c = spec.config
         row: dict[str, Any] = {"label": spec.name, "policy": c.policy,
                                "predictor": c.predictor, "replicas": c.replicas,
-                               "slots": c.slots, "policy_options": dict(spec.options),
+                               "slots": c.slots, "policy_options": dict(c.policy_options),
                                "rate_lo_req_s": self.lo0, "rate_hi_req_s": self.hi0,
                                "rel_tol": br.rel_tol}
         at = self.evals.get(self.lo)

@@ -45,7 +45,8 @@ METRICS = (
 
 #: SimConfig fields that describe the policy rather than the cluster: runs that differ
 #: only in these are paired.
-POLICY_FIELDS = frozenset({"policy", "predictor", "predictor_model_path", "horizon", "seed"})
+POLICY_FIELDS = frozenset({"policy", "policy_options", "predictor", "predictor_options",
+                           "predictor_model_path", "seed"})
 
 
 def cluster_key(cfg: SimConfig) -> tuple[tuple[str, Any], ...]:
@@ -213,7 +214,7 @@ def _row(spec: RunSpec, mine: list[dict[str, Any]], base: list[dict[str, Any]] |
         "replicas": spec.config.replicas, "slots": spec.config.slots,
         "mode": first["mode"], "replays": len(mine),
         "baseline": baseline if base is not None else None,
-        "policy_options": dict(spec.options),
+        "policy_options": dict(spec.config.policy_options),
     }
     for m in METRICS:
         row[f"{m}_mean"], row[f"{m}_se"] = _mean_se([r.get(m) for r in mine])

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from br_serve.sim.config import SimConfig, parse_sim_config
@@ -31,13 +31,12 @@ WALL_CLOCK_KEYS = frozenset({"wall_s", "steps_per_s", "tick_p50_us", "tick_p99_u
 
 @dataclass(frozen=True, slots=True)
 class RunSpec:
-    """One contender of an ensemble: a simulator configuration (policy, predictor,
-    cluster) and extra policy options; ``label`` names it in tables and pairings
-    (default: ``config.label``, e.g. ``brh+oracle``). Two specs may share a policy and
-    differ in options or label (e.g. ``br0`` with ageing off as ``br0-noage``)."""
+    """One contender of an ensemble: a simulator configuration (policy, its options,
+    predictor, cluster); ``label`` names it in tables and pairings (default:
+    ``config.label``, e.g. ``brh+oracle``). Two specs may share a policy and differ in
+    options, each with its own label (e.g. ``br0`` with ageing off as ``br0-noage``)."""
 
     config: SimConfig
-    options: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
 
     @property
@@ -90,7 +89,7 @@ def run_task(job: _Job, task: Task) -> dict[str, Any]:
     pred = build_predictor(cfg)
     if pred is not None and job.warm_start is not None:
         warm_start_from(pred, job.warm_start)
-    res = simulate(trace, cfg, dict(spec.options), predictor=pred)
+    res = simulate(trace, cfg, predictor=pred)
     row = (stationary_summary(res, job.stationary) if job.stationary is not None
            else res.summary())
     row.update(label=spec.name, replay=rep.index, replay_start=rep.start,

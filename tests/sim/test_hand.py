@@ -13,7 +13,7 @@ from br_serve.traces import Trace
 # a = 1 ms/token, b = 10 ms, c = 0; prefill free (delivered at arrival).
 CFG: dict[str, Any] = dict(
     policy="jsq", replicas=2, slots=1, step_a_s_per_token=1e-3, step_b_s=0.01,
-    prefill_instances=1, prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
+    prefill_replicas=1, prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
 
 
 def _trace() -> Trace:
@@ -82,7 +82,7 @@ def test_prefill_delays_and_capacity() -> None:
 def test_full_pool_stalls_prefill() -> None:
     # G=1, B=1, pool of 1, two prefill instances of 0.1 s; steps cost exactly b = 30 ms.
     cfg = SimConfig(policy="br0", replicas=1, slots=1, pool_capacity=1, step_a_s_per_token=0.0,
-                    step_b_s=0.03, prefill_instances=2, prefill_p0_s=0.1,
+                    step_b_s=0.03, prefill_replicas=2, prefill_p0_s=0.1,
                     prefill_p1_s_per_token=0.0)
     trace = Trace.build([0.0, 0.0, 0.0], [10, 10, 10], [10, 1, 1], source="stall")
     res = simulate(trace, cfg)
