@@ -120,3 +120,22 @@ def _bar(on: bool) -> Any:
         print(f"\r{done}/{total} runs", end="" if done < total else "\n", file=sys.stderr,
               flush=True)
     return cb
+
+
+def single_replay_ensemble(doc: dict[str, Any], trace: Trace, configs: Sequence[SimConfig],
+                           baseline: str, out_dir: str | Path) -> None:
+    """Add ``replay = 0`` and the K = 1 ``ensemble`` rows to a plain ``sim`` run's
+    ``summary.json`` (gains against ``baseline`` when it was run; no intervals)."""
+    from br_serve.sim.ensemble import assemble
+    from br_serve.sim.replays import Replay
+
+    for r in doc["runs"]:
+        r.setdefault("replay", 0)
+    specs = [RunSpec(c) for c in configs]
+    rows = [dict(r) for r in doc["runs"]]
+    ens = assemble(specs, [Replay(0, trace, configs[0].seed, 0, "none")], rows, baseline,
+                   "none", None)
+    doc["ensemble"] = ens.ensemble
+    doc["baseline"] = baseline if any(s.name == baseline for s in specs) else None
+    (Path(out_dir) / "summary.json").write_text(json.dumps(doc, indent=2, default=str))
+
