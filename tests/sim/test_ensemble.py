@@ -198,7 +198,8 @@ def test_a_fixed_fraction_slower_policy_gives_that_fraction(
     """Step time 10 ms whatever the load (a = 0), every output 5 steps, saturated: JSQ
     keeps all G x B = 8 slots busy, SkipLast never uses the last of 4 replicas, so it
     produces 6 tokens per step against 8 in every replay: gain -25% exactly."""
-    cfg = dict(replicas=4, slots=2, saturated=True, step_a_s_per_token=0.0, step_b_s=0.01)
+    cfg: dict[str, Any] = dict(replicas=4, slots=2, saturated=True, step_a_s_per_token=0.0,
+                               step_b_s=0.01)
     specs = [RunSpec(SimConfig(policy="jsq", **cfg)),
              RunSpec(SimConfig(policy=SKIP, **cfg), label="skip-last")]
     ens = run_ensemble(_flat(400, out=5), specs, replays=3, limit=240,
@@ -220,7 +221,8 @@ def test_deferral_gains_in_the_steady_window_but_not_when_stationary() -> None:
     prompt = np.where(np.arange(n) % 2 == 0, 10, 20_000)
     out = np.random.default_rng(0).integers(5, 30, n)
     tr = Trace.build(np.arange(n, dtype=float), prompt, out, source="bimodal")
-    cfg = dict(replicas=2, slots=2, saturated=True, step_a_s_per_token=1e-6, step_b_s=0.01)
+    cfg: dict[str, Any] = dict(replicas=2, slots=2, saturated=True, step_a_s_per_token=1e-6,
+                               step_b_s=0.01)
     specs = [RunSpec(SimConfig(policy="jsq", **cfg)),
              RunSpec(SimConfig(policy=SMALL, **cfg), label="smallest-first")]
     window = run_ensemble(tr, specs, replays=3, limit=300, jobs=1).row("smallest-first")
