@@ -38,6 +38,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +76,22 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "azure-conv": dict(path=TRACES / "azure2023" / "AzureLLMInferenceTrace_conv.csv",
                        min_output=None),
 }
-#: (policy, predictor, needs prefix hashes)
+#: (policy, predictor, needs prefix hashes). ``vllm_dp`` is left out: without a KV limit
+#: (this cluster model) its score is JSQ's (gain exactly 0 with s.e. 0 in every cell of
+#: a full run at commit de389a0); ``round_robin`` is left out of the capacity searches.
 POLICIES: list[tuple[str, str | None, bool]] = [
     ("jsq", None, False), ("round_robin", None, False), ("sglang_total_tokens", None, False),
-    ("vllm_dp", None, False), ("min_max", None, False), ("br0", None, False),
-    ("brh", "survival", False), ("brh", "exact", True), ("brh", "oracle", False)]
+    ("min_max", None, False), ("br0", None, False), ("brh", "survival", False),
+    ("brh", "exact", True), ("brh", "oracle", False)]
+NOT_IN_CAPACITY = frozenset({"round_robin"})
 STATIONARY_G = (4, 8, 16)
 TRACE_LOADS = {"trace-80": 0.80, "trace-95": 0.95}
 CELLS = tuple(f"stationary-G{g}" for g in STATIONARY_G) + tuple(TRACE_LOADS) + ("capacity",)
 SLO_TPOT_FACTOR, SLO_TTFT_S = 1.25, 10.0
 STEP_A, STEP_B = 5e-7, 0.03
+#: settings that must match for --resume to reuse earlier cells
+SAME_FOR_RESUME = ("replays", "slots", "seed", "trace_requests", "capacity_requests",
+                   "capacity_tol")
 
 
 def _commit() -> str:
@@ -110,12 +117,14 @@ def load_workload(name: str, seed: int) -> Trace:
     return tr
 
 
-def specs_for(trace: Trace, g: int, slots: int, saturated: bool) -> list[RunSpec]:
+def specs_for(trace: Trace, g: int, slots: int, saturated: bool,
+              for_capacity: bool = False) -> list[RunSpec]:
     """The policy list, minus predictors the trace cannot feed (exact needs hashes)."""
     return [RunSpec(SimConfig(policy=p, predictor=pr, replicas=g, slots=slots,
                               saturated=saturated, step_a_s_per_token=STEP_A,
                               step_b_s=STEP_B))
-            for p, pr, hashes in POLICIES if trace.hash_ids is not None or not hashes]
+            for p, pr, hashes in POLICIES if (trace.hash_ids is not None or not hashes)
+            and not (for_capacity and p in NOT_IN_CAPACITY)]
 
 
 def slo_for(trace: Trace, slots: int) -> SLO:
@@ -147,7 +156,9 @@ def _summary_line(tag: str, ens: EnsembleResult) -> None:
               f"{100 * (se or 0):.1f}%  share {r['headroom_share_mean'] or 0:+.2f}", flush=True)
 
 
-def run_workload(wl: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_workload(wl: str, args: argparse.Namespace, done: dict[str, Any],
+                 save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every selected cell of ``wl`` not already in ``done``; ``save`` after each cell."""
     trace = load_workload(wl, args.seed)
     b = args.slots
     info: dict[str, Any] = {
@@ -160,20 +171,25 @@ def run_workload(wl: str, args: argparse.Namespace) -> dict[str, Any]:
         "output_p50": float(np.median(trace.output_tokens)),
         "offered_tok_s": float(trace.output_tokens.sum() / trace.duration_s),
         "offered_req_s": float((len(trace) - 1) / trace.duration_s)}
-    cells: dict[str, Any] = {}
+    cells: dict[str, Any] = dict(done)
     common = dict(replays=args.replays, replay_mode="window", seed=args.seed, jobs=args.jobs)
+
+    def keep(name: str, value: dict[str, Any]) -> None:
+        cells[name] = value
+        save({"info": info, "cells": cells})
+
     for g in STATIONARY_G:
         name = f"stationary-G{g}"
-        if not selected(args.only, wl, name):
+        if not selected(args.only, wl, name) or name in cells:
             continue
         t0 = time.perf_counter()
         ens = run_ensemble(trace, specs_for(trace, g, b, True), limit=18 * g * b,
                            stationary=Stationary(), progress=_progress(f"{wl} {name}"),
                            **common)
-        cells[name] = ens.to_dict() | {"wall_s": time.perf_counter() - t0,
-                                       "window_requests": 18 * g * b}
+        keep(name, ens.to_dict() | {"wall_s": time.perf_counter() - t0,
+                                    "window_requests": 18 * g * b})
         _summary_line(f"{wl} {name}", ens)
-    need_trace = [c for c in TRACE_LOADS if selected(args.only, wl, c)]
+    need_trace = [c for c in TRACE_LOADS if selected(args.only, wl, c) and c not in cells]
     if need_trace:
         if "stationary-G8" in cells:
             jsq = next(r for r in cells["stationary-G8"]["ensemble"] if r["label"] == "jsq")
@@ -187,11 +203,11 @@ def run_workload(wl: str, args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             ens = run_ensemble(trace, specs_for(trace, 8, b, False), limit=args.trace_requests,
                                rate_scale=scale, progress=_progress(f"{wl} {c}"), **common)
-            cells[c] = ens.to_dict() | {"wall_s": time.perf_counter() - t0,
-                                        "rate_scale": scale, "load": TRACE_LOADS[c],
-                                        "window_requests": args.trace_requests}
+            keep(c, ens.to_dict() | {"wall_s": time.perf_counter() - t0, "rate_scale": scale,
+                                     "load": TRACE_LOADS[c],
+                                     "window_requests": args.trace_requests})
             _summary_line(f"{wl} {c}", ens)
-    if selected(args.only, wl, "capacity"):
+    if selected(args.only, wl, "capacity") and "capacity" not in cells:
         slo = slo_for(trace, b)
         bracket = Bracket(rel_tol=args.capacity_tol)
         if "stationary-G8" in cells:  # no policy sustains more than its saturated rate
@@ -199,17 +215,38 @@ def run_workload(wl: str, args: argparse.Namespace) -> dict[str, Any]:
             hi = 1.2 * top / info["output_mean"]
             bracket = Bracket(lo_req_s=hi / 4, hi_req_s=hi, rel_tol=args.capacity_tol)
         t0 = time.perf_counter()
-        cap = capacity(trace, specs_for(trace, 8, b, False), slo, replays=args.replays,
-                       replay_mode="window", limit=args.capacity_requests, seed=args.seed,
-                       jobs=args.jobs, bracket=bracket,
+        cap = capacity(trace, specs_for(trace, 8, b, False, for_capacity=True), slo,
+                       replays=args.replays, replay_mode="window",
+                       limit=args.capacity_requests, seed=args.seed, jobs=args.jobs,
+                       bracket=bracket,
                        progress=lambda m: print(f"  [{wl} capacity] {m}", flush=True))
-        cells["capacity"] = cap.to_dict() | {"wall_s": time.perf_counter() - t0,
-                                             "window_requests": args.capacity_requests}
+        keep("capacity", cap.to_dict() | {"wall_s": time.perf_counter() - t0,
+                                          "window_requests": args.capacity_requests})
         for r in cap.runs:
             print(f"  [{wl} capacity] {r['label']:<22} {r['capacity_req_s']:.3f} req/s "
                   f"({100 * (r['capacity_vs_baseline'] or 0):+.1f}%) {r['note'] or ''}",
                   flush=True)
     return {"info": info, "cells": cells}
+
+
+#: per-replay fields kept by :func:`compact` (what the renderer's pairings read)
+RUN_KEYS = ("label", "replay", "replicas", "throughput_tok_s", "balanced_bound_tok_s",
+            "gain_vs_baseline", "representative")
+
+
+def compact(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with each ensemble cell's ``runs`` cut to :data:`RUN_KEYS`."""
+    out = dict(doc)
+    out["workloads"] = {}
+    for wl, w in doc["workloads"].items():
+        cells = {}
+        for name, c in w["cells"].items():
+            c = dict(c)
+            if "ensemble" in c:
+                c["runs"] = [{k: r.get(k) for k in RUN_KEYS} for r in c["runs"]]
+            cells[name] = c
+        out["workloads"][wl] = {"info": w["info"], "cells": cells}
+    return out
 
 
 def estimate(args: argparse.Namespace) -> None:
@@ -258,9 +295,14 @@ def main() -> int:
                     default=None)
     ap.add_argument("--estimate", action="store_true")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/out/results.json"))
+    ap.add_argument("--compact-json", type=Path, default=Path("results/sim_results.json"),
+                    help="the ensemble rows and per-replay throughputs only (committed: "
+                    "enough to re-render with --from-json)")
     ap.add_argument("--md", type=Path, default=Path("docs/results.md"))
     ap.add_argument("--plots", type=Path, default=Path("docs/results"))
     ap.add_argument("--from-json", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the cells already in --json (same settings) and run the rest")
     args = ap.parse_args()
     for tok in args.only or []:
         wl, _, cell = tok.rpartition("/")
@@ -278,19 +320,40 @@ def main() -> int:
         doc = json.loads(args.json.read_text())
     else:
         t0 = time.perf_counter()
+        old = json.loads(args.json.read_text()) if args.resume and args.json.exists() else None
+        if old is not None and any(old["config"].get(k) != getattr(args, k)
+                                   for k in SAME_FOR_RESUME):
+            raise SystemExit(f"--resume: {args.json} was made with other settings "
+                             f"({', '.join(SAME_FOR_RESUME)})")
         doc = {"config": {k: (str(v) if isinstance(v, Path) else v)
                           for k, v in vars(args).items()},
                "commit": _commit(), "workloads": {},
                "policies": [f"{p}+{pr}" if pr else p for p, pr, _ in POLICIES],
                "slo": {"tpot_factor": SLO_TPOT_FACTOR, "ttft_p95_s": SLO_TTFT_S},
-               "step": {"a_s_per_token": STEP_A, "b_s": STEP_B}}
+               "step": {"a_s_per_token": STEP_A, "b_s": STEP_B}, "partial": True}
+        if old is not None:
+            doc["workloads"] = old["workloads"]
+            doc["resumed_from"] = {"commit": old.get("commit"), "wall_s": old.get("wall_s")}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+
+        def save(wl: str) -> Callable[[dict[str, Any]], None]:
+            def inner(part: dict[str, Any]) -> None:
+                doc["workloads"][wl] = part
+                doc["wall_s"] = time.perf_counter() - t0
+                args.json.write_text(json.dumps(doc, indent=1, default=str))
+            return inner
+
         for wl in WORKLOADS:
             if any(selected(args.only, wl, c) for c in CELLS):
                 print(f"[{wl}]", flush=True)
-                doc["workloads"][wl] = run_workload(wl, args)
-        doc["wall_s"] = time.perf_counter() - t0
-        args.json.parent.mkdir(parents=True, exist_ok=True)
+                done = doc["workloads"].get(wl, {}).get("cells", {})
+                doc["workloads"][wl] = run_workload(wl, args, done, save(wl))
+        doc["wall_s"] = time.perf_counter() - t0 + (
+            (doc.get("resumed_from") or {}).get("wall_s") or 0.0)
+        doc["partial"] = False
         args.json.write_text(json.dumps(doc, indent=1, default=str))
+        args.compact_json.parent.mkdir(parents=True, exist_ok=True)
+        args.compact_json.write_text(json.dumps(compact(doc), indent=0, default=str))
     args.md.parent.mkdir(parents=True, exist_ok=True)
     args.md.write_text(render(doc, args.plots, args.md.parent))
     print(f"wrote {args.md} and plots under {args.plots}")
