@@ -250,36 +250,51 @@ def compact(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def estimate(args: argparse.Namespace) -> None:
-    """Probe each workload (jsq and brh+survival, one stationary G=8 window) and
-    extrapolate per simulated request to the planned cells."""
+    """Probe each workload (jsq and brh+survival: one stationary G = 8 window and one
+    trace-timed window at 95% load) and extrapolate the measured seconds per simulated
+    request to the planned cells (capacity: 7 rounds of every spec on every replay)."""
     total_s = 0.0
+    jobs = max(1, min(args.jobs, os.cpu_count() or 1))
     for wl in WORKLOADS:
         if not any(selected(args.only, wl, c) for c in CELLS):
             continue
         trace = load_workload(wl, args.seed)
-        probe = [s for s in specs_for(trace, 8, args.slots, True)
-                 if s.name in ("jsq", "brh+survival")]
-        ens = run_ensemble(trace, probe, replays=1, replay_mode="window",
-                           limit=18 * 8 * args.slots, stationary=Stationary(), jobs=1)
-        per_req = {r["label"]: r["wall_s"] / r["requests"] for r in ens.runs}
-        cheap, dear = per_req["jsq"], per_req["brh+survival"]
-        n_specs = len(specs_for(trace, 8, args.slots, True))
-        n_brh = sum(1 for s in specs_for(trace, 8, args.slots, True) if s.config.predictor)
-        per_spec_req = ((n_specs - n_brh) * cheap + n_brh * dear)
+        names = ("jsq", "brh+survival")
+        st = run_ensemble(trace, [s for s in specs_for(trace, 8, args.slots, True)
+                                  if s.name in names], replays=1, replay_mode="window",
+                          limit=18 * 8 * args.slots, stationary=Stationary(), jobs=1)
+        jsq_tok_s = st.row("jsq")["throughput_tok_s_mean"]
+        scale = 0.95 * jsq_tok_s / float(trace.output_tokens.sum() / trace.duration_s)
+        tt = run_ensemble(trace, [s for s in specs_for(trace, 8, args.slots, False)
+                                  if s.name in names], replays=1, replay_mode="window",
+                          limit=args.trace_requests, rate_scale=scale, jobs=1)
+
+        def per_spec(ens: EnsembleResult, capacity_only: bool = False,
+                     trace: Trace = trace) -> float:
+            """Seconds per request summed over the planned specs (brh at the probe's
+            brh+survival cost, the others at jsq's)."""
+            cost: dict[str, float] = {r["label"]: float(r["wall_s"]) / int(r["requests"])
+                                      for r in ens.runs}
+            specs = specs_for(trace, 8, args.slots, False, for_capacity=capacity_only)
+            return float(sum(cost["brh+survival"] if s.config.predictor else cost["jsq"]
+                             for s in specs))
+
         plan = 0.0
         for g in STATIONARY_G:
             if selected(args.only, wl, f"stationary-G{g}"):
-                plan += args.replays * 18 * g * args.slots * per_spec_req * g / 8
-        plan += sum(args.replays * args.trace_requests * per_spec_req
+                plan += args.replays * 18 * g * args.slots * per_spec(st)
+        plan += sum(args.replays * args.trace_requests * per_spec(tt)
                     for c in TRACE_LOADS if selected(args.only, wl, c))
         if selected(args.only, wl, "capacity"):
-            plan += 8 * args.replays * args.capacity_requests * per_spec_req  # ~8 rounds
-        wl_s = plan / max(1, min(args.jobs, os.cpu_count() or 1))
+            plan += 7 * args.replays * args.capacity_requests * per_spec(tt, True)
+        wl_s = plan / jobs
         total_s += wl_s
-        print(f"{wl}: probe {1e3 * cheap:.2f} / {1e3 * dear:.2f} ms per request (jsq / "
-              f"brh+survival); estimated {wl_s / 60:.1f} min with --jobs {args.jobs}")
-    print(f"estimated total: {total_s / 60:.1f} min (the G = 16 cells are scaled by G; "
-          f"a loaded machine is slower)")
+        n = len(specs_for(trace, 8, args.slots, False))
+        print(f"{wl}: probe {1e3 * per_spec(st) / n:.2f} ms (stationary) / "
+              f"{1e3 * per_spec(tt) / n:.2f} ms (trace-timed) per request and spec; "
+              f"estimated {wl_s / 60:.1f} min with --jobs {args.jobs}")
+    print(f"estimated total: {total_s / 60:.1f} min at this machine's current load "
+          f"({os.getloadavg()[0]:.1f}); the probes run alone, the cells share the cores")
 
 
 def main() -> int:

@@ -252,7 +252,9 @@ def render(doc: dict[str, Any], plot_dir: Path, md_dir: Path) -> str:
         f"`{doc['step']['a_s_per_token']:g} s/token * max_g L_g + {doc['step']['b_s']:g} s`,"
         " prefill 8 instances of `0.02 s + 2e-5 s/token` (trace-timed), seed "
         f"{cfg['seed']}. Predictors learn online from finished requests (no training "
-        "part); `brh+exact` only where the trace has prefix hashes.\n",
+        "part); `brh+exact` only where the trace has prefix hashes. `vllm_dp` is not run: "
+        "without a KV limit its score is JSQ's (a paired gain of exactly 0 in every cell "
+        "of an earlier full run); `round_robin` is left out of the capacity searches.\n",
         "## Workloads\n",
         "| workload | requests | input mean / P50 | output mean / P50 | prefix hashes | "
         "recorded rate req/s | SLO TPOT P95 ms |",

@@ -16,7 +16,7 @@ from br_serve.sim.stationary import Stationary
 from br_serve.traces import Trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from results_render import render  # noqa: E402
+from results_render import render
 
 
 def test_render_states_intervals_and_ties(tmp_path: Path) -> None:
