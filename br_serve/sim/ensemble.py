@@ -40,7 +40,8 @@ METRICS = (
     "wait_beyond_fcfs_ranks_p99", "pool_age_s_p50", "pool_age_s_p99", "pool_age_s_max",
     "pool_age_mean_s_first", "pool_age_mean_s_last",
     "admitted_vs_offered_prompt", "admitted_vs_offered_output",
-    "drain_throughput_tok_s", "makespan_s", "tick_p50_us", "tick_p99_us",
+    "drain_throughput_tok_s", "whole_run_throughput_tok_s", "makespan_s",
+    "tick_p50_us", "tick_p99_us",
 )
 
 #: SimConfig fields that describe the policy rather than the cluster: runs that differ

@@ -171,6 +171,7 @@ class SimResult:
             "drain_s": drain["busy_s"],
             "drain_mean_imbalance_tokens": drain["mean_imbalance_tokens"],
             "drain_throughput_tok_s": drain["throughput_tok_s"],
+            "whole_run_throughput_tok_s": window(0, total)["throughput_tok_s"],
             "wall_s": self.wall_s,
             "steps_per_s": total / self.wall_s if self.wall_s > 0 else None,
             "seed": cfg.seed,

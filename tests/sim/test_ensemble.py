@@ -129,6 +129,7 @@ def test_stationary_window_by_hand() -> None:
     assert (run["window_start_step"], run["window_end_step"]) == (60, 151)
     assert run["window_admitted"] == 10  # rows 6..15
     assert run["throughput_tok_s"] == pytest.approx(100.0)
+    assert run["whole_run_throughput_tok_s"] == pytest.approx(100.0)  # drain included
     assert run["barrier_idle_share"] == 0.0
     assert run["mean_step_ms"] == pytest.approx(10.0)
     assert run["ttft_p50_ms"] == pytest.approx(410.0)  # 0.4 s in the pool + one step
