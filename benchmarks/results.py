@@ -11,7 +11,7 @@ over ``jsq`` paired per window with a 95% t-interval. Cells per workload:
 
 - ``stationary-G4`` / ``-G8`` / ``-G16``: the stationary saturated protocol (pool kept at
   4 x the cluster's slots, window after a warm-up of pool depth + 2 x slots admissions;
-  replay windows of 18 x slots requests, so the window holds 8 x slots admissions);
+  replay windows hold that plus max(8 x slots, 4096) measured admissions);
 - ``trace-80`` / ``trace-95``: trace-timed at G = 8, arrivals scaled so the offered token
   rate is 80% / 95% of JSQ's stationary throughput at G = 8 (windows of
   ``--trace-requests``);
@@ -85,6 +85,17 @@ POLICIES: list[tuple[str, str | None, bool]] = [
     ("brh", "exact", True), ("brh", "oracle", False)]
 NOT_IN_CAPACITY = frozenset({"round_robin"})
 STATIONARY_G = (4, 8, 16)
+#: admissions measured in a stationary window: long against the pool depth and against
+#: how long a policy may defer a request (the representativeness check's sampling noise
+#: shrinks as 1 / sqrt(window))
+STATIONARY_WINDOW_MIN = 4096
+
+
+def stationary_requests(g: int, slots: int) -> int:
+    """Requests per stationary replay: pool depth + warm-up + the measured admissions."""
+    st = Stationary()
+    cfg = SimConfig(replicas=g, slots=slots)
+    return st.depth(cfg) + st.warmup(cfg) + max(8 * g * slots, STATIONARY_WINDOW_MIN)
 TRACE_LOADS = {"trace-80": 0.80, "trace-95": 0.95}
 CELLS = tuple(f"stationary-G{g}" for g in STATIONARY_G) + tuple(TRACE_LOADS) + ("capacity",)
 SLO_TPOT_FACTOR, SLO_TTFT_S = 1.25, 10.0
@@ -183,19 +194,20 @@ def run_workload(wl: str, args: argparse.Namespace, done: dict[str, Any],
         if not selected(args.only, wl, name) or name in cells:
             continue
         t0 = time.perf_counter()
-        ens = run_ensemble(trace, specs_for(trace, g, b, True), limit=18 * g * b,
+        ens = run_ensemble(trace, specs_for(trace, g, b, True), limit=stationary_requests(g, b),
                            stationary=Stationary(), progress=_progress(f"{wl} {name}"),
                            **common)
         keep(name, ens.to_dict() | {"wall_s": time.perf_counter() - t0,
-                                    "window_requests": 18 * g * b})
+                                    "window_requests": stationary_requests(g, b)})
         _summary_line(f"{wl} {name}", ens)
     need_trace = [c for c in TRACE_LOADS if selected(args.only, wl, c) and c not in cells]
     if need_trace:
         if "stationary-G8" in cells:
             jsq = next(r for r in cells["stationary-G8"]["ensemble"] if r["label"] == "jsq")
         else:
-            probe = run_ensemble(trace, specs_for(trace, 8, b, True)[:1], limit=18 * 8 * b,
-                                 stationary=Stationary(), **common)
+            probe = run_ensemble(trace, specs_for(trace, 8, b, True)[:1],
+                                 limit=stationary_requests(8, b), stationary=Stationary(),
+                                 **common)
             jsq = probe.ensemble[0]
         info["jsq_stationary_G8_tok_s"] = jsq["throughput_tok_s_mean"]
         for c in need_trace:
@@ -262,7 +274,7 @@ def estimate(args: argparse.Namespace) -> None:
         names = ("jsq", "brh+survival")
         st = run_ensemble(trace, [s for s in specs_for(trace, 8, args.slots, True)
                                   if s.name in names], replays=1, replay_mode="window",
-                          limit=18 * 8 * args.slots, stationary=Stationary(), jobs=1)
+                          limit=stationary_requests(8, args.slots), stationary=Stationary(), jobs=1)
         jsq_tok_s = st.row("jsq")["throughput_tok_s_mean"]
         scale = 0.95 * jsq_tok_s / float(trace.output_tokens.sum() / trace.duration_s)
         tt = run_ensemble(trace, [s for s in specs_for(trace, 8, args.slots, False)
@@ -282,7 +294,7 @@ def estimate(args: argparse.Namespace) -> None:
         plan = 0.0
         for g in STATIONARY_G:
             if selected(args.only, wl, f"stationary-G{g}"):
-                plan += args.replays * 18 * g * args.slots * per_spec(st)
+                plan += args.replays * stationary_requests(g, args.slots) * per_spec(st)
         plan += sum(args.replays * args.trace_requests * per_spec(tt)
                     for c in TRACE_LOADS if selected(args.only, wl, c))
         if selected(args.only, wl, "capacity"):

@@ -219,9 +219,14 @@ def _row(spec: RunSpec, mine: list[dict[str, Any]], base: list[dict[str, Any]] |
     }
     for m in METRICS:
         row[f"{m}_mean"], row[f"{m}_se"] = _mean_se([r.get(m) for r in mine])
-    rep = [r.get("representative") for r in mine]
-    row["representative_share"] = (sum(bool(x) for x in rep) / len(rep)
-                                   if all(x is not None for x in rep) else None)
+    rep = [r.get("representative", "absent") for r in mine]
+    stationary = all(x != "absent" for x in rep)
+    # shares of replays whose admissions were representative / clearly not (None: the
+    # window was too short to tell); both None outside the stationary mode
+    row["representative_share"] = (sum(x is True for x in rep) / len(rep)
+                                   if stationary else None)
+    row["unrepresentative_share"] = (sum(x is False for x in rep) / len(rep)
+                                     if stationary else None)
     gains = [r["gain_vs_baseline"] for r in mine]
     if base is None or any(g is None for g in gains):
         row.update(gain_vs_baseline_mean=None, gain_vs_baseline_se=None,

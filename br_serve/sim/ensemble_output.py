@@ -52,6 +52,21 @@ def share_cell(v: Any) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
 
 
+def representative_cell(row: dict[str, Any]) -> str:
+    """``yes 6/8, no 1`` (replays whose admissions were representative / clearly not;
+    the rest too short to tell)."""
+    yes, no = row.get("representative_share"), row.get("unrepresentative_share")
+    if yes is None or no is None:
+        return "-"
+    k = row["replays"]
+    return f"yes {round(yes * k)}/{k}" + (f", no {round(no * k)}" if no else "")
+
+
+def deferral(row: dict[str, Any]) -> bool:
+    """True when most replays' admissions were clearly unrepresentative (stationary)."""
+    return (row.get("unrepresentative_share") or 0.0) >= 0.5
+
+
 def ensemble_table(rows: Sequence[dict[str, Any]]) -> str:
     """One Markdown row per ensemble row (policy, G, mode)."""
     stationary = any(r["mode"] == "stationary" for r in rows)
@@ -73,9 +88,8 @@ def ensemble_table(rows: Sequence[dict[str, Any]]) -> str:
                  pm(r["ttft_p95_ms_mean"], r["ttft_p95_ms_se"], 1, 1e-3),
                  pm(r["wait_beyond_fcfs_s_p99_mean"], r["wait_beyond_fcfs_s_p99_se"], 1)]
         if stationary:
-            rep = r.get("representative_share")
             cells += [pm(r["pool_age_s_p99_mean"], r["pool_age_s_p99_se"], 1),
-                      "-" if rep is None else f"{100 * rep:.0f}% of replays"]
+                      representative_cell(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

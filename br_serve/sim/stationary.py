@@ -22,9 +22,15 @@ it as age and as unrepresentative admissions:
   = deferral piling up).
 - representativeness: the mean prompt and output of the ``m`` requests admitted in the
   window against the ``m`` requests FCFS would have admitted there (the next ``m`` in
-  pool-entry order after those admitted before the window). ``representative`` is True
-  when both ratios are within ``representative_tol`` (5%) of 1. For a policy that admits
-  in pool order the two sets are the same.
+  pool-entry order after those admitted before the window). For a policy that admits in
+  pool order the two sets are the same. The two sets differ in ``d`` requests
+  (``representative_set_difference``); were those random draws of the workload, the
+  ratio would scatter by ``noise = sqrt(d) * sd / (m * mean)``
+  (``admitted_vs_offered_*_noise``). ``representative`` is True when both ratios are
+  within ``representative_tol`` (5%) of 1, False when one is beyond it *and* beyond
+  twice its noise (deferral), and None when it is beyond the tolerance but within the
+  noise: the window is too short to tell (a heavy-tailed prompt distribution needs
+  ``m`` well above ``d``; replay more requests).
 
 In this mode TTFT counts from pool entry (there are no arrival times), TPOT covers the
 requests whose whole decode lies inside the window, and the wait beyond FCFS
@@ -161,23 +167,35 @@ def _pct(x: np.ndarray, q: float, scale: float) -> float | None:
 def _representative(res: SimResult, in_adm: np.ndarray, before: int,
                     tol: float) -> dict[str, Any]:
     """Admitted-in-window means against the ``m`` requests FCFS would have admitted
-    there: pool-entry ranks ``[before, before + m)``."""
+    there (pool-entry ranks ``[before, before + m)``), with the sampling noise of the
+    comparison (see the module docstring)."""
     assert res.enqueue_order is not None
     m = int(in_adm.sum())
-    fcfs_rows = np.flatnonzero((res.enqueue_order >= before)
-                               & (res.enqueue_order < before + m))
+    fcfs = np.zeros(in_adm.shape[0], dtype=bool)
+    fcfs[(res.enqueue_order >= before) & (res.enqueue_order < before + m)] = True
+    differ = int((in_adm ^ fcfs).sum())  # requests in one set but not the other
     prompt, output = _prompts(res), res.output_tokens
-    out: dict[str, Any] = {}
-    ok = m > 0
+    out: dict[str, Any] = {"representative_set_difference": differ}
+    verdicts: list[bool | None] = []
     for name, col in (("prompt", prompt), ("output", output)):
         a = float(col[in_adm].mean()) if m else None
-        f = float(col[fcfs_rows].mean()) if fcfs_rows.size else None
+        f = float(col[fcfs].mean()) if fcfs.any() else None
         ratio = a / f if a is not None and f else None
+        # s.d. of the ratio if the differing requests were random draws of the window
+        noise = (float(np.sqrt(differ) * col[in_adm | fcfs].std() / (m * f))
+                 if m and f else None)
         out[f"admitted_{name}_mean"] = a
         out[f"offered_{name}_mean"] = f
         out[f"admitted_vs_offered_{name}"] = ratio
-        ok = ok and ratio is not None and abs(ratio - 1.0) <= tol
-    out["representative"] = bool(ok)
+        out[f"admitted_vs_offered_{name}_noise"] = noise
+        if ratio is None or noise is None:
+            verdicts.append(False)
+        elif abs(ratio - 1.0) <= tol:
+            verdicts.append(True)
+        else:
+            verdicts.append(False if abs(ratio - 1.0) > 2 * noise else None)
+    out["representative"] = (False if False in verdicts
+                             else None if None in verdicts else True)
     return out
 
 
