@@ -237,10 +237,10 @@ def render(doc: dict[str, Any], plot_dir: Path, md_dir: Path) -> str:
         "and the intervals optimistic.",
         "- **Stationary saturated** (the comparison mode): every request is prefilled, the "
         "pool is topped up from the window to 4 x the cluster's slots, and the metrics "
-        "cover the steps after a warm-up (pool depth + 2 x slots admissions) until the pool "
-        "can no longer be topped up; each window holds max(8 x slots, 4,096) measured "
-        "admissions. A policy that defers the requests it cannot place well gains nothing "
-        "in a long enough window: they stay in the pool, which shows as pool age and as "
+        "cover max(8 x slots, 4,096) admissions after a warm-up of max(pool depth + 2 x "
+        "slots, 4,096) admissions (both shrink together where the trace is shorter, so "
+        "that a replay takes at most 80% of it; per cell below). A policy that defers the "
+        "requests it cannot place well gains nothing in a long enough window: they stay in the pool, which shows as pool age and as "
         "*unrepresentative* admissions (admitted mean prompt or output more than 5% off "
         "what FCFS would have admitted, and more than twice the sampling noise of the two "
         "sets' difference). A policy whose admissions were unrepresentative in most "
@@ -300,7 +300,10 @@ def render(doc: dict[str, Any], plot_dir: Path, md_dir: Path) -> str:
             extra = (f" Arrival rate x{c['rate_scale']:.3f} of the recording."
                      if "rate_scale" in c else "")
             parts += [f"### {CELL_TITLES[cell]}\n",
-                      f"Windows of {c['window_requests']} requests; window overlap "
+                      f"Windows of {c['window_requests']} requests"
+                      + (f" (warm-up {c['warmup_admissions']} admissions)"
+                         if c.get("warmup_admissions") else "")
+                      + "; window overlap "
                       f"{_f(c.get('window_overlap'), 2)}; {_f(c['wall_s'])} s.{extra}\n",
                       ensemble_table(c["ensemble"])]
         if "capacity" in w["cells"]:
