@@ -31,8 +31,9 @@ class GraphConfig(BaseModel):
     Topology: ``replicas`` decode replica actors (G) in lock-step, ``prefill_replicas``
     Serve replicas for prefill, one scheduler actor. ``pool_capacity`` bounds the
     prompt pool (429 beyond it). ``max_context_tokens`` bounds prompt + max_tokens
-    (413 beyond it). ``api_key``: when set (or ``BR_SERVE_API_KEY`` is set), every
-    endpoint except ``/health`` needs ``Authorization: Bearer <key>``.
+    (beyond it a 400 naming the maximum context length). ``api_key``: when set (or
+    ``BR_SERVE_API_KEY`` is set), every endpoint except ``/health`` needs
+    ``Authorization: Bearer <key>``.
     ``barrier_timeout_s`` bounds one collective: a dead peer is detected within it.
     ``mooncake_master`` (``host:port``, used with ``transport=mooncake``): the Mooncake
     master every prefill worker and decode replica connects to; unset, each process
