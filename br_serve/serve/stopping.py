@@ -8,12 +8,13 @@ Contract of :class:`OutputFilter` (vLLM's semantics where they are defined):
 - ``push`` takes each engine token in order and returns the text to send now, whether
   the request is finished and why. After a ``finished`` result the caller stops
   reading (and so aborts the request on its decode replica).
-- A stop string ends the output at its first occurrence (the earliest start among all
-  stop strings; of two starting there, the shorter) in the generated text; the stop string itself and anything after it
-  are dropped, unless ``include_stop_str_in_output``, which keeps text up to the end
-  of the stop string. ``finish_reason`` is ``"stop"`` and :attr:`stop_reason` the stop
-  string. Occurrences are found across token boundaries: a suffix of the text that
-  could still become a stop string is held back until it cannot (or until the end).
+- A stop string ends the output at its first occurrence in the generated text (the
+  earliest start among all stop strings; of two starting there, the shorter); the stop
+  string itself and anything after it are dropped, unless
+  ``include_stop_str_in_output``, which keeps text up to the end of the stop string.
+  ``finish_reason`` is ``"stop"`` and :attr:`stop_reason` the stop string.
+  Occurrences are found across token boundaries: a suffix of the text that could
+  still become a stop string is held back until it cannot (or until the end).
 - A token whose id is in ``stop_token_ids`` ends the output with ``"stop"``; its text
   is dropped unless ``include_stop_str_in_output``; :attr:`stop_reason` is the id.
 - Any other end (``"length"``, an engine's EOS ``"stop"``) flushes what was held back.

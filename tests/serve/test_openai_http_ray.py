@@ -178,7 +178,8 @@ def test_openai_client_stop(port: int) -> None:
 def _ingress_log_lines(app: str) -> list[str]:
     import ray
 
-    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    node: Any = ray._private.worker._global_node
+    logs = Path(node.get_session_dir_path()) / "logs"
     lines: list[str] = []
     for f in logs.glob("worker-*"):
         text = f.read_text(errors="replace")
@@ -194,15 +195,15 @@ def test_first_request_disconnect_keeps_the_app_serving_and_quiet(port: int) -> 
     base = f"http://127.0.0.1:{port}/fresh"
 
     async def cut() -> int:
-        async with httpx.AsyncClient(base_url=base, timeout=60) as c:
-            async with c.stream("POST", "/v1/completions", json={
-                    "model": MODEL, "prompt": "a b", "max_tokens": 400, "stream": True}) as r:
-                n = 0
-                async for line in r.aiter_lines():
-                    n += line.startswith("data: ")
-                    if n >= 3:
-                        break
-                return r.status_code
+        body = {"model": MODEL, "prompt": "a b", "max_tokens": 400, "stream": True}
+        async with httpx.AsyncClient(base_url=base, timeout=60) as c, \
+                c.stream("POST", "/v1/completions", json=body) as r:
+            n = 0
+            async for line in r.aiter_lines():
+                n += line.startswith("data: ")
+                if n >= 3:
+                    break
+            return r.status_code
 
     deadline = time.monotonic() + 60
     while httpx.get(f"{base}/health").status_code != 200 and time.monotonic() < deadline:
