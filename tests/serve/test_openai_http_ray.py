@@ -132,10 +132,16 @@ def test_stop_string_across_a_token_boundary_streamed_and_not(
     assert s.done and "".join(s.texts) == ch["text"] and s.finish_reason == "stop"
     inc = client.post("/v1/completions", json={**base, "include_stop_str_in_output": True})
     assert inc.json()["choices"][0]["text"] == full[: full.find(stop) + len(stop)]
-    chat = client.post("/v1/chat/completions", json={
-        "model": MODEL, "max_tokens": 20, "seed": 21, "stop": stop,
-        "messages": [{"role": "user", "content": "x"}]})
-    assert chat.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    # chat: the template "user: x\nassistant:" is 3 words; a stop inside token 4
+    ctoks = expected_texts(21, 3, 20)
+    cfull, cstop = "".join(ctoks), ctoks[4][2:5]
+    cbody = {"model": MODEL, "max_tokens": 20, "seed": 21, "stop": cstop,
+             "messages": [{"role": "user", "content": "x"}]}
+    chat = client.post("/v1/chat/completions", json=cbody).json()["choices"][0]
+    assert chat["message"]["content"] == cfull[: cfull.find(cstop)]
+    assert chat["finish_reason"] == "stop"
+    cs = _stream(port, cbody, "/v1/chat/completions")
+    assert "".join(cs.texts) == chat["message"]["content"] and cs.finish_reason == "stop"
     # the decode slots of the stopped requests come back (the ingress aborts them)
     deadline = time.monotonic() + 20
     while _running(client) and time.monotonic() < deadline:
