@@ -37,6 +37,17 @@ def _coef(name: str, text: str) -> float | tuple[float, ...]:
     return vals[0] if len(vals) == 1 else vals
 
 
+def _drift(text: str) -> tuple[int, int, float]:
+    """``"G@STEPxF"`` -> ``(G, STEP, F)``."""
+    try:
+        g, rest = text.split("@", 1)
+        step, factor = rest.split("x", 1)
+        return int(g), int(step), float(factor)
+    except ValueError:
+        raise ValueError(f"--step-drift: expected REPLICA@STEPxFACTOR, e.g. 3@5000x2.0, "
+                         f"got {text!r}") from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("sim", help="simulate policies on a trace (deterministic)",
                        description=__doc__)
@@ -73,6 +84,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="s per KV token; one value, or one per replica (comma list)")
     p.add_argument("--step-b", default="0.03",
                    help="s per step; one value, or one per replica (comma list)")
+    p.add_argument("--step-drift", action="append", default=[], metavar="G@STEPxF",
+                   help="replica G's steps take F times as long from decode step STEP on "
+                   "(repeatable), e.g. 3@5000x2.0")
+    p.add_argument("--step-noise-cv", type=float, default=0.0,
+                   help="per-step lognormal noise on each replica's step time (CV)")
     p.add_argument("--step-c", default="0",
                    help="s per running request; one value, or one per replica (comma list)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
@@ -136,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
             step_a_s_per_token=_coef("step-a", args.step_a),
             step_b_s=_coef("step-b", args.step_b),
             step_c_s_per_request=_coef("step-c", args.step_c),
+            step_drift=tuple(_drift(d) for d in args.step_drift),
+            step_noise_cv=args.step_noise_cv,
             prefill_replicas=args.prefill_replicas,
             prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
             pool_capacity=args.pool_capacity)

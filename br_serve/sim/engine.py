@@ -37,6 +37,7 @@ from br_serve.core.predictor import reads_true_remaining
 from br_serve.core.state import ClusterState
 from br_serve.sim.config import SimConfig
 from br_serve.sim.feed import BacklogFeeder, PrefillFeeder
+from br_serve.sim.perturb import StepPerturbation
 from br_serve.sim.predict import build_predictor, prefix_hashes
 from br_serve.sim.result import SimResult, StepSeries
 from br_serve.traces import Trace
@@ -45,9 +46,13 @@ _NEVER = np.iinfo(np.int64).max
 
 
 class _Steps:
-    """Accumulates per-step columns, one numpy chunk per stretch."""
+    """Accumulates per-step columns, one numpy chunk per stretch.
 
-    def __init__(self) -> None:
+    ``perturb`` multiplies each replica's modelled step time by its drift and noise
+    factors (:mod:`br_serve.sim.perturb`)."""
+
+    def __init__(self, perturb: StepPerturbation | None = None) -> None:
+        self.perturb = perturb if perturb is not None and perturb.active else None
         self.chunks: dict[str, list[np.ndarray]] = {
             k: [] for k in ("tau_s", "balanced_tau_s", "max_load_tokens", "sum_load_tokens",
                             "imbalance_tokens", "running", "pool")}
@@ -68,8 +73,14 @@ class _Steps:
         b = st.step_b if all_alive else st.step_b[alive]
         c = st.step_c if all_alive else st.step_c[alive]
         base = a * load + (c * cnt + b)
+        pf = None
+        if self.perturb is not None:
+            pf = self.perturb.factors(step, n)
+            pf = pf if all_alive else pf[alive]
         ch = self.chunks
         if n == 1:  # the common case between close events: no 2-D work
+            if pf is not None:
+                base = base * pf[:, 0]
             tau1 = float(base.max())
             mx = float(load.max())
             sm = float(load.sum())
@@ -83,6 +94,8 @@ class _Steps:
             j = np.arange(n, dtype=np.float64)
             loads = load[:, None] + cnt[:, None] * j[None, :]
             per = base[:, None] + (a * cnt)[:, None] * j[None, :]
+            if pf is not None:
+                per = per * pf
             tau = per.max(axis=0)
             ends = t + np.cumsum(tau)
             if deadline_s is not None:
@@ -244,7 +257,8 @@ def simulate(trace: Trace, config: SimConfig, *,
     enqueue_s = np.full(n, np.nan)
     tick_ns: list[int] = []
     pred_failed = 0
-    steps = _Steps()
+    steps = _Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
+                                    config.seed))
     t, k = 0.0, 0
     steady_steps: int | None = None
     changed = True
