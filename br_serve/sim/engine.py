@@ -1,4 +1,4 @@
-"""The discrete-event decode simulator (DESIGN section 7).
+"""The discrete-event decode simulator (docs/simulator.md).
 
 Time advances by decode steps. Between two *events* (a request finishes; a prefill
 lands in the pool while a slot is free) nothing a policy could see changes except that
@@ -18,8 +18,8 @@ Conventions (see docs/simulator.md):
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
 
 import numpy as np
 
@@ -32,31 +32,33 @@ from br_serve.core import (
     PromptPool,
     RunningRequests,
     TerminationPredictor,
-    make_policy,
-    parse_policy_config,
+    policy_class,
 )
+from br_serve.core.calibration import Coefficients, StepCalibrator
+from br_serve.core.predictor import reads_true_remaining
 from br_serve.core.state import ClusterState
 from br_serve.sim.config import SimConfig
 from br_serve.sim.feed import BacklogFeeder, PrefillFeeder
-from br_serve.sim.predict import build_predictor
+from br_serve.sim.perturb import StepPerturbation
+from br_serve.sim.predict import build_predictor, prefix_hashes
 from br_serve.sim.result import SimResult, StepSeries
 from br_serve.traces import Trace
 
 _NEVER = np.iinfo(np.int64).max
 
 
-def _prefix_hashes(trace: Trace) -> list[int]:
-    if trace.hash_ids is None:
-        return [-1] * len(trace)
-    # Hash of the whole block list; tuples of ints hash the same in every process
-    # (no PYTHONHASHSEED salt for ints), so runs replay exactly.
-    return [hash(h) & ((1 << 62) - 1) if h else -1 for h in trace.hash_ids]
-
-
 class _Steps:
-    """Accumulates per-step columns, one numpy chunk per stretch."""
+    """Accumulates per-step columns, one numpy chunk per stretch.
 
-    def __init__(self) -> None:
+    ``perturb`` multiplies each replica's modelled step time by its drift and noise
+    factors (:mod:`br_serve.sim.perturb`)."""
+
+    def __init__(self, perturb: StepPerturbation | None = None,
+                 calibrator: StepCalibrator | None = None) -> None:
+        self.perturb = perturb if perturb is not None and perturb.active else None
+        #: fed every step's per-replica (load, running, compute time), as the live
+        #: scheduler is fed by the replicas' reports
+        self.calibrator = calibrator
         self.chunks: dict[str, list[np.ndarray]] = {
             k: [] for k in ("tau_s", "balanced_tau_s", "max_load_tokens", "sum_load_tokens",
                             "imbalance_tokens", "running", "pool")}
@@ -64,7 +66,7 @@ class _Steps:
         self.sample_step: list[int] = []
         self.sample_loads: list[np.ndarray] = []
 
-    def stretch(self, st: ClusterState, load_i: np.ndarray, cnt_i: np.ndarray, c: float,
+    def stretch(self, st: ClusterState, load_i: np.ndarray, cnt_i: np.ndarray,
                 n: int, t: float, step: int, pool_len: int,
                 deadline_s: float | None) -> tuple[int, float]:
         """Record up to ``n`` steps from loads ``load_i`` / counts ``cnt_i``; stop early
@@ -75,9 +77,16 @@ class _Steps:
         cnt = (cnt_i if all_alive else cnt_i[alive]).astype(np.float64)
         a = st.step_a if all_alive else st.step_a[alive]
         b = st.step_b if all_alive else st.step_b[alive]
+        c = st.step_c if all_alive else st.step_c[alive]
         base = a * load + (c * cnt + b)
+        pf = None
+        if self.perturb is not None:
+            pf = self.perturb.factors(step, n)
+            pf = pf if all_alive else pf[alive]
         ch = self.chunks
         if n == 1:  # the common case between close events: no 2-D work
+            if pf is not None:
+                base = base * pf[:, 0]
             tau1 = float(base.max())
             mx = float(load.max())
             sm = float(load.sum())
@@ -87,10 +96,14 @@ class _Steps:
             ch["sum_load_tokens"].append(np.array([sm]))
             ch["imbalance_tokens"].append(np.array([load.shape[0] * mx - sm]))
             ends_last = t + tau1
+            if self.calibrator is not None:
+                self._observe(alive, load[:, None], cnt, base[:, None])
         else:
             j = np.arange(n, dtype=np.float64)
             loads = load[:, None] + cnt[:, None] * j[None, :]
             per = base[:, None] + (a * cnt)[:, None] * j[None, :]
+            if pf is not None:
+                per = per * pf
             tau = per.max(axis=0)
             ends = t + np.cumsum(tau)
             if deadline_s is not None:
@@ -106,12 +119,27 @@ class _Steps:
             ch["sum_load_tokens"].append(sm_a)
             ch["imbalance_tokens"].append(load.shape[0] * mx_a - sm_a)
             ends_last = float(ends[-1])
+            if self.calibrator is not None:
+                self._observe(alive, loads, cnt, per)
         ch["running"].append(np.full(n, int(cnt.sum()), dtype=np.int64))
         ch["pool"].append(np.full(n, pool_len, dtype=np.int64))
         self.sample_t.append(t)
         self.sample_step.append(step)
         self.sample_loads.append(load_i)
         return n, ends_last
+
+    def _observe(self, alive: np.ndarray, loads: np.ndarray, cnt: np.ndarray,
+                 per: np.ndarray) -> None:
+        """Feed the calibrator step by step (rows: alive replicas; columns: steps)."""
+        assert self.calibrator is not None
+        g = alive.shape[0]
+        full_l, full_t = np.zeros(g), np.zeros(g)
+        full_n = np.zeros(g)
+        full_n[alive] = cnt
+        for j in range(per.shape[1]):
+            full_l[alive] = loads[:, j]
+            full_t[alive] = per[:, j]
+            self.calibrator.update(full_l, full_n, full_t, mask=alive)
 
     def series(self) -> StepSeries:
         cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.chunks.items()}
@@ -146,6 +174,7 @@ class _SnapshotMaker:
         self.alive = _ro(st.alive)
         self.a = _ro(st.step_a)
         self.b = _ro(st.step_b)
+        self.c = _ro(st.step_c)
         self.free_cap = np.where(st.alive, st.slots, 0)
         self.empty = RunningRequests.empty()
 
@@ -154,7 +183,14 @@ class _SnapshotMaker:
 
     def snapshot(self, load: np.ndarray, cnt: np.ndarray) -> ClusterSnapshot:
         return ClusterSnapshot(_ro(load), _ro(cnt), self.slots, self.kv, self.alive,
-                               self.a, self.b, self.empty)
+                               self.a, self.b, self.c, self.empty)
+
+
+def _with_coefficients(snap: ClusterSnapshot, coef: Coefficients) -> ClusterSnapshot:
+    """``snap`` with the fitted step coefficients in place of the configured ones."""
+    return dataclasses.replace(snap, step_a_s_per_token=_ro(coef.a_s_per_token),
+                               step_b_s=_ro(coef.b_s),
+                               step_c_s_per_request=_ro(coef.c_s_per_request))
 
 
 class _Lag:
@@ -196,13 +232,13 @@ class _Lag:
                 self.pending[rid] = (g, p, left - 1)
 
 
-def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | None = None,
-             *, predictor: TerminationPredictor | None = None,
+def simulate(trace: Trace, config: SimConfig, *,
+             predictor: TerminationPredictor | None = None,
              progress: bool = False) -> SimResult:
     """Run ``trace`` through the PD model under ``config``; deterministic for a seed.
 
-    ``policy_options`` are extra :class:`PolicyConfig` fields (e.g. ``r_max``);
-    ``predictor`` overrides ``config.predictor`` (an instance, e.g. warm-started).
+    The policy is ``config.policy`` with ``config.policy_options``; ``predictor``
+    overrides ``config.predictor`` (an instance, e.g. warm-started).
 
     Raises:
         ValueError: a bad policy option (named), an unknown predictor, or a prompt that
@@ -218,19 +254,20 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
         bad = int(np.argmax(prompt > kv))
         raise ValueError(f"kv_limit_tokens: request {bad} has a {int(prompt[bad])}-token "
                          f"prompt, more than the limit {kv}")
-    opts = dict(policy_options or {})
-    opts.setdefault("horizon", config.horizon)
-    pcfg = parse_policy_config(opts, policy=config.policy)
+    cls = policy_class(config.policy)
     pred = predictor if predictor is not None else build_predictor(config)
-    policy = make_policy(pcfg, PolicyContext(rng=np.random.default_rng(config.seed),
-                                             predictor=pred, clock=lambda: 0.0))
-    detail = config.policy == "brh"
-    oracle = detail and pred is not None and pred.name == "oracle"
+    policy = cls(config.policy_options_obj(),
+                 PolicyContext(rng=np.random.default_rng(config.seed), predictor=pred,
+                               clock=lambda: 0.0))
+    needs = cls.needs_for(policy.options)
+    detail = needs.running_detail
+    oracle = detail and pred is not None and reads_true_remaining(pred)
 
-    st = ClusterState(g, config.slots, kv, config.step_a_s_per_token, config.step_b_s)
-    c = config.step_c_s_per_request
+    st = ClusterState(g, config.slots, kv, *config.coefficients(g))
+    calib = (StepCalibrator(g, st.step_a, st.step_c, st.step_b)
+             if needs.calibrated_step_costs else None)
     arrival = trace.arrival_s if not config.saturated else np.zeros(n)
-    prefix = _prefix_hashes(trace)
+    prefix = prefix_hashes(trace.hash_ids, n)
     hids = trace.hash_ids
     prompt_l = prompt.tolist()
     output_l = output.tolist()
@@ -246,7 +283,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
     if config.saturated:
         feeder = BacklogFeeder(n, make)
     else:
-        feeder = PrefillFeeder(arrival, prompt, config.prefill_instances, config.prefill_p0_s,
+        feeder = PrefillFeeder(arrival, prompt, config.prefill_replicas, config.prefill_p0_s,
                                config.prefill_p1_s_per_token, make)
 
     admit_step = np.full(n, -1, dtype=np.int64)
@@ -254,7 +291,8 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
     enqueue_s = np.full(n, np.nan)
     tick_ns: list[int] = []
     pred_failed = 0
-    steps = _Steps()
+    steps = _Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
+                                    config.seed), calib)
     t, k = 0.0, 0
     steady_steps: int | None = None
     changed = True
@@ -275,6 +313,8 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
             changed = False
             snap = (st.snapshot(detail=True, oracle=oracle) if detail
                     else fast.snapshot(st.load_tokens(), cnt))
+            if calib is not None:
+                snap = _with_coefficients(snap, calib.coefficients())
             t0 = time.perf_counter_ns()
             res = policy.schedule(snap, pool, t, k)
             tick_ns.append(time.perf_counter_ns() - t0)
@@ -320,7 +360,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
         # one step at a time while any request waits: its delay ends at the next one
         todo = 1 if lag.pending else min(rem, config.max_stretch_steps)
         deadline = feeder.next_event_s() if fast.free(cnt) > 0 else None
-        took, t = steps.stretch(st, step_load, step_cnt, c, todo, t, k, len(pool),
+        took, t = steps.stretch(st, step_load, step_cnt, todo, t, k, len(pool),
                                 deadline)
         st.advance(took)
         lag.stepped(st)
@@ -347,7 +387,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
         bar.close()
     series = steps.series()
     return SimResult(
-        config=config, policy_options=opts, predictor_name=None if pred is None else pred.name,
+        config=config, predictor_name=None if pred is None else pred.name,
         source=trace.source, arrival_s=np.asarray(arrival, dtype=np.float64),
         output_tokens=np.asarray(output), admit_step=admit_step, replica=replica,
         enqueue_s=enqueue_s, steps=series, tick_ns=np.asarray(tick_ns, dtype=np.int64),
