@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from br_serve.emulator.config import EmulatorConfig
-from br_serve.emulator.core import LockstepCore, StepModel, first_token
+from br_serve.emulator.core import LockstepCore, StepModel, TokenEvent, first_token
 from br_serve.emulator.ledger import KVLedger, KVRefused
 from br_serve.engine.emulated import token_id, token_text
 
 
-def run_all(core: LockstepCore) -> list:
-    events = []
+def run_all(core: LockstepCore) -> list[TokenEvent]:
+    events: list[TokenEvent] = []
     while not core.idle():
         plan = core.plan()
         events += core.apply(plan)
@@ -83,7 +83,7 @@ def test_drop_and_stall_a_rank() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["admit", "abort", "step"]), st.integers(0, 3),
                           st.integers(1, 20), st.integers(1, 6)), max_size=60))
-def test_load_and_token_accounting_under_random_ops(ops: list) -> None:
+def test_load_and_token_accounting_under_random_ops(ops: list[tuple[str, int, int, int]]) -> None:
     core = LockstepCore(StepModel.uniform(4, 1e-4, 0.001), slots=2)
     emitted: dict[str, int] = {}
     prompts: dict[str, int] = {}
