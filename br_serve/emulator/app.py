@@ -234,8 +234,10 @@ class TokenStream(StreamingResponse):
         try:
             done, _ = await asyncio.wait({streamer, watcher},
                                          return_when=asyncio.FIRST_COMPLETED)
-            if streamer in done:
-                streamer.result()  # re-raises RankDropped: the connection breaks
+            if streamer in done and not isinstance(streamer.exception(), RankDropped):
+                streamer.result()
+            # RankDropped: return without finishing the body; the server then closes the
+            # connection mid-stream, as a dying engine's socket would.
         finally:
             for task in (streamer, watcher):
                 task.cancel()

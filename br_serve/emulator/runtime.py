@@ -146,7 +146,7 @@ class KVBroker:
             ev = self._issued.setdefault(key, asyncio.Event())
             try:
                 await asyncio.wait_for(ev.wait(), wait_s)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 self._issued.pop(key, None)
                 raise KVRefused("unknown", f"{exc} (waited {wait_s:g} s)") from None
             hold = self.ledger.pull(key, presented)
