@@ -13,7 +13,7 @@ import pytest
 
 from br_serve.emulator.server import EmulatorThread
 from br_serve.remote.client import RemoteEngineClient
-from br_serve.remote.errors import EngineHTTPError
+from br_serve.remote.errors import EngineHTTPError, EngineTimeout
 from br_serve.remote.requests import (
     Bootstrap,
     endpoint_path,
@@ -186,3 +186,17 @@ def test_prefill_server_down_is_a_retryable_error(pd: Any) -> None:
                     pass
             assert e.value.status == 503 and e.value.retryable
     asyncio.run(go())
+
+
+def test_prefill_client_gone_releases_the_room() -> None:
+    with servers(config("sglang", "prefill")) as (p,):
+        async def go() -> None:
+            async with RemoteEngineClient() as c:
+                with pytest.raises(EngineTimeout):
+                    await c.sglang_prefill(p.url, body("a", 2), boot(p), "left",
+                                           timeout_s=0.3)
+        asyncio.run(go())
+        deadline = time.monotonic() + 5
+        while stats(p)["kv"]["held"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stats(p)["kv"]["released"]["aborted"] == 1

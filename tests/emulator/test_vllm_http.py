@@ -306,3 +306,38 @@ def _busy(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def test_chat_non_streamed_decode_and_api_key() -> None:
+    key = "s3cret"
+    with servers(config("vllm", "prefill", api_key=key),
+                 config("vllm", "decode", 2, api_key=key)) as (p, d):
+        r = httpx.post(p.url + "/v1/completions", json=body("a", 1))
+        assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+        assert httpx.get(d.url + "/health").status_code == 200  # health stays open
+        chat = {"model": "emulated", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi there"}]}
+        prompt = "user: hi there\nassistant:"
+
+        async def go() -> None:
+            async with RemoteEngineClient(api_key=key) as c:
+                pre = await c.vllm_prefill(p.url, chat, "chat-1", chat=True)
+                assert pre.kv_transfer_params is not None
+                dbody, headers = vllm_decode_request(chat, pre.kv_transfer_params, "chat-1",
+                                                     1)
+                evs = [ev async for ev in c.stream(d.url + endpoint_path(True), dbody,
+                                                   headers)]
+                toks = [e for e in evs if isinstance(e, TokenChunk)]
+                assert [t.new_tokens for t in toks] == [0, 1, 1, 1, 1]  # role chunk first
+                assert [t.text for t in toks[1:]] == expected_texts(prompt, 4)
+                pre = await c.vllm_prefill(p.url, chat, "chat-2", chat=True)
+                assert pre.kv_transfer_params is not None
+                dbody, headers = vllm_decode_request(chat, pre.kv_transfer_params, "chat-2",
+                                                     0, stream=False)
+                answer = await c.request_json("POST", d.url + endpoint_path(True), dbody,
+                                              headers)
+                assert answer["choices"][0]["message"]["content"] == "".join(
+                    expected_texts(prompt, 4))
+                assert answer["usage"]["completion_tokens"] == 4
+                assert answer["id"] == "chatcmpl-chat-2"
+        asyncio.run(go())
