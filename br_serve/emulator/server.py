@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
@@ -17,6 +18,8 @@ from fastapi import FastAPI
 from br_serve.emulator import sglang, vllm
 from br_serve.emulator.app import Emulator
 from br_serve.emulator.config import EmulatorConfig
+
+T = TypeVar("T")
 
 
 def build(config: EmulatorConfig) -> tuple[Emulator, list[tuple[int, FastAPI]]]:
@@ -127,14 +130,23 @@ class EmulatorThread:
                 self._ready.set()
             await serve_async(self.config, self._log_level, ready, self._stop)
         try:
-            asyncio.run(run())
+            run_loop(run())
         except BaseException as exc:  # surfaced by start()
             self._error = exc
         finally:
             self._ready.set()
 
 
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on uvloop when it is installed (uvicorn's choice too)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
 def serve(config: EmulatorConfig, log_level: str = "warning",
           on_ready: Callable[[Emulator], None] | None = None) -> None:
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_async(config, log_level, on_ready))
+        run_loop(serve_async(config, log_level, on_ready))
