@@ -54,7 +54,8 @@ class DecodeReplica:
         self.index = index
         self.slots = self.cfg.slots
         self.scheduler_name = scheduler_name
-        self.engine = make_engine(self.cfg.engine_spec())
+        self.engine = make_engine(self.cfg, self.cfg.engine_timing(index), self.cfg.slots,
+                                  self.cfg.seed)
         self.transport = make_transport(self.cfg.transport, self.cfg.mooncake_master)
         self.backend = collective_backend_for(self.cfg.device)
         self._lock = threading.Lock()

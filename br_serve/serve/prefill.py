@@ -25,7 +25,8 @@ class PrefillWorker:
         from br_serve.serve.config import parse_graph_config
 
         self.cfg = parse_graph_config(config)
-        self.engine = make_engine(self.cfg.engine_spec())
+        self.engine = make_engine(self.cfg, self.cfg.engine_timing(0), self.cfg.slots,
+                                  self.cfg.seed)
         self.transport = make_transport(self.cfg.transport, self.cfg.mooncake_master)
         # Engines are not thread-safe; prefill runs in a worker thread, one at a time
         # per replica (Serve spreads concurrent requests over the N replicas).

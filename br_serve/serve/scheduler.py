@@ -37,8 +37,7 @@ from br_serve.core import (
     PoolFullError,
     PoolRequest,
     PromptPool,
-    make_policy,
-    parse_policy_config,
+    policy_class,
 )
 from br_serve.core.state import ClusterState
 from br_serve.serve.messages import Admission, ReplicaReport
@@ -54,7 +53,6 @@ class Scheduler:
 
     def __init__(self, config: dict[str, Any], decode_names: list[str]) -> None:
         from br_serve.serve.config import parse_graph_config
-        from br_serve.serve.predictor import make_predictor
 
         self.cfg = parse_graph_config(config)
         self.g = len(decode_names)
@@ -62,16 +60,20 @@ class Scheduler:
         self.incarnation = uuid.uuid4().hex
         self.pool = PromptPool(self.cfg.pool_capacity)
         scale = self.cfg.time_scale
-        self.mirror = ClusterState(self.g, self.cfg.slots, None,
-                                   self.cfg.step_a_s_per_token * scale,
-                                   self.cfg.step_b_s * scale)
-        pcfg = parse_policy_config(policy=self.cfg.policy, horizon=self.cfg.horizon)
-        self.predictor = (make_predictor(self.cfg.predictor, self.cfg.horizon,
-                                         self.cfg.predictor_model_path, self.cfg.seed)
-                          if self.cfg.policy == "brh" else None)
-        self.policy = make_policy(pcfg, PolicyContext(
+        a, b, c = (np.asarray(x) * scale for x in self.cfg.coefficients(self.g))
+        self.mirror = ClusterState(self.g, self.cfg.slots, None, a, b, c)
+        cls = policy_class(self.cfg.policy)
+        horizon = self.cfg.predictor_horizon()
+        self.predictor: Any = None
+        if self.cfg.predictor is not None and horizon is not None:
+            from predictors import make_predictor
+
+            self.predictor = make_predictor(
+                self.cfg.predictor, horizon=horizon, model_path=self.cfg.predictor_model_path,
+                seed=self.cfg.seed, **self.cfg.predictor_options)
+        self.policy = cls(self.cfg.policy_options_obj(), PolicyContext(
             rng=np.random.default_rng(self.cfg.seed), predictor=self.predictor))
-        self.detail = self.cfg.policy == "brh"
+        self.detail = cls.needs.running_detail
         self.entries: dict[str, tuple[Admission, PoolRequest]] = {}
         self.inflight: list[dict[str, tuple[Admission, PoolRequest]]] = [
             {} for _ in range(self.g)]
