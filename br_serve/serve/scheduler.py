@@ -73,7 +73,7 @@ class Scheduler:
                 seed=self.cfg.seed, **self.cfg.predictor_options)
         self.policy = cls(self.cfg.policy_options_obj(), PolicyContext(
             rng=np.random.default_rng(self.cfg.seed), predictor=self.predictor))
-        self.detail = cls.needs.running_detail
+        self.detail = cls.needs_for(self.policy.options).running_detail
         self.entries: dict[str, tuple[Admission, PoolRequest]] = {}
         self.inflight: list[dict[str, tuple[Admission, PoolRequest]]] = [
             {} for _ in range(self.g)]

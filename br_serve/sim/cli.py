@@ -42,6 +42,17 @@ def _coef(name: str, text: str) -> float | tuple[float, ...]:
     return vals[0] if len(vals) == 1 else vals
 
 
+def _drift(text: str) -> tuple[int, int, float]:
+    """``"G@STEPxF"`` -> ``(G, STEP, F)``."""
+    try:
+        g, rest = text.split("@", 1)
+        step, factor = rest.split("x", 1)
+        return int(g), int(step), float(factor)
+    except ValueError:
+        raise ValueError(f"--step-drift: expected REPLICA@STEPxFACTOR, e.g. 3@5000x2.0, "
+                         f"got {text!r}") from None
+
+
 def add_trace_args(p: argparse.ArgumentParser) -> None:
     """Trace file and filters (shared by ``sim`` and ``capacity``)."""
     p.add_argument("--trace", required=True, help="trace file")
@@ -82,6 +93,11 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="s per KV token; one value, or one per replica (comma list)")
     p.add_argument("--step-b", default="0.03",
                    help="s per step; one value, or one per replica (comma list)")
+    p.add_argument("--step-drift", action="append", default=[], metavar="G@STEPxF",
+                   help="replica G's steps take F times as long from decode step STEP on "
+                   "(repeatable), e.g. 3@5000x2.0")
+    p.add_argument("--step-noise-cv", type=float, default=0.0,
+                   help="per-step lognormal noise on each replica's step time (CV)")
     p.add_argument("--step-c", default="0",
                    help="s per running request; one value, or one per replica (comma list)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
@@ -105,7 +121,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
     f = sub.add_parser("fetch-trace", help="download a public trace (needs internet)",
-                       description="Download the public original of a supported trace.")
+                       description="Download the public original of a supported trace into "
+                       "DEST/<family>/<original file name>, e.g. traces/mooncake/"
+                       "conversation_trace.jsonl; without NAME, list the sources and "
+                       "where each one goes.")
     f.add_argument("name", nargs="?", default=None, help="source name (omit to list them)")
     f.add_argument("--dest", default="traces", help="directory to write into")
     f.add_argument("--force", action="store_true", help="download again if present")
@@ -113,13 +132,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def fetch(args: argparse.Namespace) -> int:
-    from br_serve.traces.download import SOURCES, download
+    from br_serve.traces.download import SOURCES, DownloadError, download, target
 
     if args.name is None:
         for s in SOURCES:
-            print(f"{s.name:<24} {s.licence:<40} {s.url}")
+            print(f"{s.name:<24} {target(s.name, args.dest)!s:<52} {s.licence}")
         return 0
-    print(f"fetch-trace: wrote {download(args.name, args.dest, force=args.force)}")
+    try:
+        print(f"fetch-trace: wrote {download(args.name, args.dest, force=args.force)}")
+    except DownloadError as exc:  # one line, no traceback (offline is not a bug)
+        print(f"br-serve fetch-trace: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -157,6 +180,8 @@ def cluster_configs(args: argparse.Namespace, saturated: bool) -> list[SimConfig
         step_a_s_per_token=_coef("step-a", args.step_a),
         step_b_s=_coef("step-b", args.step_b),
         step_c_s_per_request=_coef("step-c", args.step_c),
+        step_drift=tuple(_drift(d) for d in args.step_drift),
+        step_noise_cv=args.step_noise_cv,
         prefill_replicas=args.prefill_replicas,
         prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
         pool_capacity=args.pool_capacity)

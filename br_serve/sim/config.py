@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from br_serve.config import ClusterConfig, validated
 
@@ -35,6 +35,21 @@ class SimConfig(ClusterConfig):
     holds its slot (and counts in the policy's view) but neither decodes nor loads the
     step. 0 is the paper's model; the Ray graph has 1 (the tick follows the step's
     reports while the next step already runs, and the KV pull overlaps it)."""
+
+    step_drift: tuple[tuple[int, int, float], ...] = ()
+    """``(replica, from_step, factor)`` entries: from that decode step on, the replica's
+    steps take ``factor`` times as long (a slower chip, throttling, a noisy neighbour)."""
+    step_noise_cv: float = Field(default=0.0, ge=0)
+    """Coefficient of variation of an independent lognormal factor (mean 1) on each
+    replica's step time, per step; the same for every policy of a seed."""
+
+    @model_validator(mode="after")
+    def _drift_replicas(self) -> SimConfig:
+        for g, k, f in self.step_drift:
+            if not 0 <= g < self.replicas or k < 0 or f <= 0:
+                raise ValueError(f"step_drift: ({g}, {k}, {f}) needs 0 <= replica < "
+                                 f"{self.replicas}, from_step >= 0 and factor > 0")
+        return self
 
     @property
     def label(self) -> str:

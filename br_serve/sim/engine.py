@@ -18,6 +18,7 @@ Conventions (see docs/simulator.md):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -33,10 +34,12 @@ from br_serve.core import (
     TerminationPredictor,
     policy_class,
 )
+from br_serve.core.calibration import Coefficients, StepCalibrator
 from br_serve.core.predictor import reads_true_remaining
 from br_serve.core.state import ClusterState
 from br_serve.sim.config import SimConfig
 from br_serve.sim.feed import BacklogFeeder, PrefillFeeder
+from br_serve.sim.perturb import StepPerturbation
 from br_serve.sim.predict import build_predictor, prefix_hashes
 from br_serve.sim.result import SimResult, StepSeries
 from br_serve.traces import Trace
@@ -45,9 +48,17 @@ _NEVER = np.iinfo(np.int64).max
 
 
 class _Steps:
-    """Accumulates per-step columns, one numpy chunk per stretch."""
+    """Accumulates per-step columns, one numpy chunk per stretch.
 
-    def __init__(self) -> None:
+    ``perturb`` multiplies each replica's modelled step time by its drift and noise
+    factors (:mod:`br_serve.sim.perturb`)."""
+
+    def __init__(self, perturb: StepPerturbation | None = None,
+                 calibrator: StepCalibrator | None = None) -> None:
+        self.perturb = perturb if perturb is not None and perturb.active else None
+        #: fed every step's per-replica (load, running, compute time), as the live
+        #: scheduler is fed by the replicas' reports
+        self.calibrator = calibrator
         self.chunks: dict[str, list[np.ndarray]] = {
             k: [] for k in ("tau_s", "balanced_tau_s", "max_load_tokens", "sum_load_tokens",
                             "imbalance_tokens", "running", "pool")}
@@ -68,8 +79,14 @@ class _Steps:
         b = st.step_b if all_alive else st.step_b[alive]
         c = st.step_c if all_alive else st.step_c[alive]
         base = a * load + (c * cnt + b)
+        pf = None
+        if self.perturb is not None:
+            pf = self.perturb.factors(step, n)
+            pf = pf if all_alive else pf[alive]
         ch = self.chunks
         if n == 1:  # the common case between close events: no 2-D work
+            if pf is not None:
+                base = base * pf[:, 0]
             tau1 = float(base.max())
             mx = float(load.max())
             sm = float(load.sum())
@@ -79,10 +96,14 @@ class _Steps:
             ch["sum_load_tokens"].append(np.array([sm]))
             ch["imbalance_tokens"].append(np.array([load.shape[0] * mx - sm]))
             ends_last = t + tau1
+            if self.calibrator is not None:
+                self._observe(alive, load[:, None], cnt, base[:, None])
         else:
             j = np.arange(n, dtype=np.float64)
             loads = load[:, None] + cnt[:, None] * j[None, :]
             per = base[:, None] + (a * cnt)[:, None] * j[None, :]
+            if pf is not None:
+                per = per * pf
             tau = per.max(axis=0)
             ends = t + np.cumsum(tau)
             if deadline_s is not None:
@@ -98,12 +119,27 @@ class _Steps:
             ch["sum_load_tokens"].append(sm_a)
             ch["imbalance_tokens"].append(load.shape[0] * mx_a - sm_a)
             ends_last = float(ends[-1])
+            if self.calibrator is not None:
+                self._observe(alive, loads, cnt, per)
         ch["running"].append(np.full(n, int(cnt.sum()), dtype=np.int64))
         ch["pool"].append(np.full(n, pool_len, dtype=np.int64))
         self.sample_t.append(t)
         self.sample_step.append(step)
         self.sample_loads.append(load_i)
         return n, ends_last
+
+    def _observe(self, alive: np.ndarray, loads: np.ndarray, cnt: np.ndarray,
+                 per: np.ndarray) -> None:
+        """Feed the calibrator step by step (rows: alive replicas; columns: steps)."""
+        assert self.calibrator is not None
+        g = alive.shape[0]
+        full_l, full_t = np.zeros(g), np.zeros(g)
+        full_n = np.zeros(g)
+        full_n[alive] = cnt
+        for j in range(per.shape[1]):
+            full_l[alive] = loads[:, j]
+            full_t[alive] = per[:, j]
+            self.calibrator.update(full_l, full_n, full_t, mask=alive)
 
     def series(self) -> StepSeries:
         cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.chunks.items()}
@@ -138,6 +174,7 @@ class _SnapshotMaker:
         self.alive = _ro(st.alive)
         self.a = _ro(st.step_a)
         self.b = _ro(st.step_b)
+        self.c = _ro(st.step_c)
         self.free_cap = np.where(st.alive, st.slots, 0)
         self.empty = RunningRequests.empty()
 
@@ -146,7 +183,14 @@ class _SnapshotMaker:
 
     def snapshot(self, load: np.ndarray, cnt: np.ndarray) -> ClusterSnapshot:
         return ClusterSnapshot(_ro(load), _ro(cnt), self.slots, self.kv, self.alive,
-                               self.a, self.b, self.empty)
+                               self.a, self.b, self.c, self.empty)
+
+
+def _with_coefficients(snap: ClusterSnapshot, coef: Coefficients) -> ClusterSnapshot:
+    """``snap`` with the fitted step coefficients in place of the configured ones."""
+    return dataclasses.replace(snap, step_a_s_per_token=_ro(coef.a_s_per_token),
+                               step_b_s=_ro(coef.b_s),
+                               step_c_s_per_request=_ro(coef.c_s_per_request))
 
 
 class _Lag:
@@ -215,10 +259,13 @@ def simulate(trace: Trace, config: SimConfig, *,
     policy = cls(config.policy_options_obj(),
                  PolicyContext(rng=np.random.default_rng(config.seed), predictor=pred,
                                clock=lambda: 0.0))
-    detail = cls.needs.running_detail
+    needs = cls.needs_for(policy.options)
+    detail = needs.running_detail
     oracle = detail and pred is not None and reads_true_remaining(pred)
 
     st = ClusterState(g, config.slots, kv, *config.coefficients(g))
+    calib = (StepCalibrator(g, st.step_a, st.step_c, st.step_b)
+             if needs.calibrated_step_costs else None)
     arrival = trace.arrival_s if not config.saturated else np.zeros(n)
     prefix = prefix_hashes(trace.hash_ids, n)
     hids = trace.hash_ids
@@ -254,7 +301,8 @@ def simulate(trace: Trace, config: SimConfig, *,
     replica = np.full(n, -1, dtype=np.int64)
     tick_ns: list[int] = []
     pred_failed = 0
-    steps = _Steps()
+    steps = _Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
+                                    config.seed), calib)
     t, k = 0.0, 0
     steady_steps: int | None = None
     changed = True
@@ -275,6 +323,8 @@ def simulate(trace: Trace, config: SimConfig, *,
             changed = False
             snap = (st.snapshot(detail=True, oracle=oracle) if detail
                     else fast.snapshot(st.load_tokens(), cnt))
+            if calib is not None:
+                snap = _with_coefficients(snap, calib.coefficients())
             t0 = time.perf_counter_ns()
             res = policy.schedule(snap, pool, t, k)
             tick_ns.append(time.perf_counter_ns() - t0)
