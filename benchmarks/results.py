@@ -1,59 +1,123 @@
-"""Generate docs/results.md: every policy at G = 4, 8, 16 on two real traces, both modes.
+"""Regenerate docs/results.md from paired replay ensembles (one command).
 
-Usage (from the repository root; ~15-25 min on 2 shared cores)::
+Usage (from the repository root)::
 
-    python benchmarks/results.py [--requests 2000] [--replicas 4,8,16]
+    python benchmarks/results.py [--replays 8] [--jobs 2] [--only TOKENS] [--estimate]
         [--json benchmarks/out/results.json] [--md docs/results.md] [--from-json]
 
-Workloads (read from ../shared/traces, never copied):
-- ServeGen DeepSeek-R1 (outputs > 1000 tokens), the closest public stand-in for the
-  paper's heavy-tailed production trace;
-- Mooncake conversation (long prompts, prefix hashes).
-Each run simulates ``--requests`` requests taken *after* a training part of the same
-trace: the learned predictor is trained on that earlier part (``br-serve
-train-predictor``) and survival / exact are warm-started from it, so no predictor sees
-the requests it is judged on. Saturated mode puts every request at t = 0; trace-timed
-mode keeps the trace's arrival pattern, time-scaled so the offered token rate is 90%
-of what JSQ sustains saturated at that G (the raw traces overload these clusters).
-``--from-json`` re-renders the Markdown from an earlier JSON without simulating.
+Every cell is an ensemble of K (default 8) paired replays (``br_serve.sim.ensemble``):
+random windows of the trace (``window`` mode), every policy on the same windows, gains
+over ``jsq`` paired per window with a 95% t-interval. Cells per workload:
+
+- ``stationary-G4`` / ``-G8`` / ``-G16``: the stationary saturated protocol (pool kept at
+  4 x the cluster's slots; a warm-up of max(pool depth + 2 x slots, 4096) admissions and
+  a measured window of max(8 x slots, 4096) admissions, both shrunk to fit 80% of the
+  trace where it is shorter: see :func:`stationary_plan`);
+- ``trace-80`` / ``trace-95``: trace-timed at G = 8, arrivals scaled so the offered token
+  rate is 80% / 95% of JSQ's stationary throughput at G = 8 (windows of
+  ``--trace-requests``);
+- ``capacity``: capacity at the SLO at G = 8 (``br_serve.sim.capacity``): TPOT P95 <=
+  1.25 x the step time of a full, perfectly balanced replica of mean-size requests
+  (``b + a * B * (mean prompt + mean output / 2)``), TTFT P95 <= 10 s.
+
+Workloads (read from ../shared/traces, never copied): ServeGen DeepSeek-R1 (outputs >
+1000), the same with outputs permuted (seeded), Mooncake conversation, Azure 2023 conv.
+Predictors learn online from the requests that finish (no training part).
+
+``--only`` takes a comma list of workload names, cell names or ``workload/cell``; a
+trace-timed cell without its workload's ``stationary-G8`` runs a jsq-only stationary
+ensemble to set the load. ``--estimate`` times a few probe runs per workload and prints
+the planned simulations and an estimated wall time, without running them.
+``--from-json`` re-renders the Markdown from an earlier JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from br_serve.sim import SimConfig, simulate
+from br_serve.sim import SimConfig
+from br_serve.sim.capacity import SLO, Bracket, capacity
+from br_serve.sim.ensemble import EnsembleResult, run_ensemble
+from br_serve.sim.runner import RunSpec
+from br_serve.sim.stationary import Stationary
 from br_serve.traces import Trace, load_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_render import render
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+def _traces_dir() -> Path:
+    """``shared/traces`` beside the checkout (a worktree may sit one level deeper)."""
+    for up in Path(__file__).resolve().parents:
+        if (up / "shared" / "traces").is_dir():
+            return up / "shared" / "traces"
+    return Path("shared/traces")
+
+
+TRACES = _traces_dir()
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "servegen-r1": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv", min_output=1001,
-                        train=6000),
-    "mooncake-conv": dict(path=TRACES / "mooncake" / "conversation_trace.jsonl",
-                          min_output=None, train=7000),
-    # ServeGen draws inputs and outputs from one uniform number, so they are
-    # rank-correlated; this variant permutes outputs (seeded) to remove that. G=8 only,
-    # no learned model (to keep the script's run time down).
+    "servegen-r1": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv",
+                        min_output=1001),
+    # ServeGen draws inputs and outputs from one uniform number (rank-correlated); this
+    # variant permutes the outputs (seeded) to isolate the placement effect
     "servegen-r1-shuffled": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv",
-                                 min_output=1001, train=6000, shuffle_outputs=True,
-                                 replicas=[8], learned=False),
+                                 min_output=1001, shuffle_outputs=True),
+    "mooncake-conv": dict(path=TRACES / "mooncake" / "conversation_trace.jsonl",
+                          min_output=None),
+    "azure-conv": dict(path=TRACES / "azure2023" / "AzureLLMInferenceTrace_conv.csv",
+                       min_output=None),
 }
-BASELINES = ["random", "round_robin", "jsq", "p2c", "sglang_total_tokens", "vllm_dp",
-             "dynamo_decode", "min_max", "br0"]
-PREDICTORS = ["survives", "survival", "exact", "learned", "oracle"]
-NO_AGEING = {"max_wait_ticks": 1_000_000, "max_wait_s": 1e9}
+#: (policy, predictor, needs prefix hashes). ``vllm_dp`` is left out: without a KV limit
+#: (this cluster model) its score is JSQ's (gain exactly 0 with s.e. 0 in every cell of
+#: a full run at commit de389a0); ``round_robin`` is left out of the capacity searches.
+POLICIES: list[tuple[str, str | None, bool]] = [
+    ("jsq", None, False), ("round_robin", None, False), ("sglang_total_tokens", None, False),
+    ("min_max", None, False), ("br0", None, False), ("brh", "survival", False),
+    ("brh", "exact", True), ("brh", "oracle", False)]
+NOT_IN_CAPACITY = frozenset({"round_robin"})
+STATIONARY_G = (4, 8, 16)
+#: stationary protocol of the results: a warm-up and a measured window of at least this
+#: many admissions each. Long against the pool depth and against how long a policy may
+#: defer a request: br0's default ageing releases a request after 1,024 overtakes, and
+#: with the library's minimal warm-up (pool depth + 2 x slots) its Mooncake admissions
+#: were 20% larger than FCFS's in every replay (the deferred backlog of the warm-up being
+#: paid back), with 4,096 they matched within 1%.
+STATIONARY_MIN_ADMISSIONS = 4096
+#: a replay window takes at most this share of the trace (so K windows still differ);
+#: warm-up and window shrink together to fit
+STATIONARY_MAX_SHARE = 0.8
+
+
+def stationary_plan(g: int, slots: int, n: int) -> tuple[Stationary, int]:
+    """(protocol, requests per replay) for G replicas on a trace of ``n`` requests."""
+    cfg = SimConfig(replicas=g, slots=slots)
+    depth = Stationary().depth(cfg)
+    warm = max(depth + 2 * g * slots, STATIONARY_MIN_ADMISSIONS)
+    window = max(8 * g * slots, STATIONARY_MIN_ADMISSIONS)
+    room = int(STATIONARY_MAX_SHARE * n) - depth
+    if warm + window > room:
+        warm = max(depth + 2 * g * slots, room * warm // (warm + window))
+        window = room - warm
+    return Stationary(warmup_admissions=warm), depth + warm + window
+
+
+TRACE_LOADS = {"trace-80": 0.80, "trace-95": 0.95}
+CELLS = tuple(f"stationary-G{g}" for g in STATIONARY_G) + tuple(TRACE_LOADS) + ("capacity",)
+SLO_TPOT_FACTOR, SLO_TTFT_S = 1.25, 10.0
+STEP_A, STEP_B = 5e-7, 0.03
+#: settings that must match for --resume to reuse earlier cells
+SAME_FOR_RESUME = ("replays", "slots", "seed", "trace_requests", "capacity_requests",
+                   "capacity_tol")
 
 
 def _commit() -> str:
@@ -69,135 +133,275 @@ def _commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def _write_jsonl(trace: Trace, path: Path) -> None:
-    with path.open("w") as fh:
-        for i in range(len(trace)):
-            row: dict[str, Any] = {"arrival_s": float(trace.arrival_s[i]),
-                                   "input_tokens": int(trace.input_tokens[i]),
-                                   "output_tokens": int(trace.output_tokens[i])}
-            if trace.hash_ids is not None:
-                row["hash_ids"] = list(trace.hash_ids[i])
-            fh.write(json.dumps(row) + "\n")
+def load_workload(name: str, seed: int) -> Trace:
+    spec = WORKLOADS[name]
+    tr = load_trace(spec["path"], min_output=spec["min_output"])
+    if spec.get("shuffle_outputs"):
+        perm = np.random.default_rng(seed).permutation(len(tr))
+        tr = Trace.build(tr.arrival_s, tr.input_tokens, tr.output_tokens[perm], tr.hash_ids,
+                         source=tr.source + ":shuffled-outputs")
+    return tr
 
 
-def _train_learned(train: Trace, tmp: Path, name: str) -> Path | None:
-    data = tmp / f"{name}_train.jsonl"
-    _write_jsonl(train, data)
-    model = tmp / f"{name}_learned.safetensors"
-    cmd = [sys.executable, "-m", "br_serve.cli", "train-predictor", "--trace", str(data),
-           "--out", str(model), "--train-frac", "0.9"]
+def specs_for(trace: Trace, g: int, slots: int, saturated: bool,
+              for_capacity: bool = False) -> list[RunSpec]:
+    """The policy list, minus predictors the trace cannot feed (exact needs hashes)."""
+    return [RunSpec(SimConfig(policy=p, predictor=pr, replicas=g, slots=slots,
+                              saturated=saturated, step_a_s_per_token=STEP_A,
+                              step_b_s=STEP_B))
+            for p, pr, hashes in POLICIES if (trace.hash_ids is not None or not hashes)
+            and not (for_capacity and p in NOT_IN_CAPACITY)]
+
+
+def slo_for(trace: Trace, slots: int) -> SLO:
+    full = STEP_B + STEP_A * slots * (float(trace.input_tokens.mean())
+                                      + float(trace.output_tokens.mean()) / 2)
+    return SLO(tpot_p95_ms=round(SLO_TPOT_FACTOR * 1e3 * full, 1), ttft_p95_s=SLO_TTFT_S)
+
+
+def selected(only: list[str] | None, wl: str, cell: str) -> bool:
+    if not only:
+        return True
+    return any(t in (wl, cell, f"{wl}/{cell}") for t in only)
+
+
+def _progress(tag: str) -> Any:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1])
-    print(f"[{name}] train-predictor: rc {proc.returncode} in {time.perf_counter() - t0:.0f} s"
-          f" {proc.stdout.strip().splitlines()[-1:] or proc.stderr.strip()[-300:]}",
-          flush=True)
-    return model if proc.returncode == 0 and model.exists() else None
+
+    def cb(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 4) == 0:
+            print(f"  [{tag}] {done}/{total} runs, {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+    return cb
 
 
-def _predictor(name: str, horizon: int, model: Path | None, train: Trace, seed: int) -> Any:
-    from predictors import make_predictor, warm_start
-
-    pred = make_predictor(name, horizon=horizon, seed=seed,
-                          model_path=str(model) if name == "learned" and model else None)
-    if name in ("survival", "exact"):
-        warm_start(pred, train.input_tokens, train.output_tokens, hash_ids=train.hash_ids)
-    return pred
+def _summary_line(tag: str, ens: EnsembleResult) -> None:
+    for r in ens.ensemble:
+        g, se = r["gain_vs_baseline_mean"], r["gain_vs_baseline_se"]
+        print(f"  [{tag}] {r['label']:<22} gain {100 * (g or 0):+6.1f} ± "
+              f"{100 * (se or 0):.1f}%  share {r['headroom_share_mean'] or 0:+.2f}", flush=True)
 
 
-def _plan(learned_ok: bool) -> list[tuple[str, str | None, str]]:
-    """(policy, predictor, variant): shipped defaults, then BR with ageing off."""
-    preds = [p for p in PREDICTORS if p != "learned" or learned_ok]
-    rows: list[tuple[str, str | None, str]] = [(p, None, "default") for p in BASELINES]
-    rows += [("brh", p, "default") for p in preds]
-    rows += [("br0", None, "no-ageing")] + [("brh", p, "no-ageing") for p in preds]
-    return rows
+def run_workload(wl: str, args: argparse.Namespace, done: dict[str, Any],
+                 save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every selected cell of ``wl`` not already in ``done``; ``save`` after each cell."""
+    trace = load_workload(wl, args.seed)
+    b = args.slots
+    info: dict[str, Any] = {
+        "path": str(WORKLOADS[wl]["path"]), "min_output": WORKLOADS[wl]["min_output"],
+        "requests": len(trace), "hash_ids": trace.hash_ids is not None,
+        "shuffled_outputs": bool(WORKLOADS[wl].get("shuffle_outputs")),
+        "input_mean": float(trace.input_tokens.mean()),
+        "input_p50": float(np.median(trace.input_tokens)),
+        "output_mean": float(trace.output_tokens.mean()),
+        "output_p50": float(np.median(trace.output_tokens)),
+        "offered_tok_s": float(trace.output_tokens.sum() / trace.duration_s),
+        "offered_req_s": float((len(trace) - 1) / trace.duration_s)}
+    cells: dict[str, Any] = dict(done)
+    common = dict(replays=args.replays, replay_mode="window", seed=args.seed, jobs=args.jobs)
+
+    def keep(name: str, value: dict[str, Any]) -> None:
+        cells[name] = value
+        save({"info": info, "cells": cells})
+
+    for g in STATIONARY_G:
+        name = f"stationary-G{g}"
+        if not selected(args.only, wl, name) or name in cells:
+            continue
+        t0 = time.perf_counter()
+        proto, size = stationary_plan(g, b, len(trace))
+        ens = run_ensemble(trace, specs_for(trace, g, b, True), limit=size,
+                           stationary=proto, progress=_progress(f"{wl} {name}"), **common)
+        keep(name, ens.to_dict() | {"wall_s": time.perf_counter() - t0,
+                                    "window_requests": size,
+                                    "warmup_admissions": proto.warmup_admissions})
+        _summary_line(f"{wl} {name}", ens)
+    need_trace = [c for c in TRACE_LOADS if selected(args.only, wl, c) and c not in cells]
+    if need_trace:
+        if "stationary-G8" in cells:
+            jsq = next(r for r in cells["stationary-G8"]["ensemble"] if r["label"] == "jsq")
+        else:
+            proto, size = stationary_plan(8, b, len(trace))
+            probe = run_ensemble(trace, specs_for(trace, 8, b, True)[:1], limit=size,
+                                 stationary=proto, **common)
+            jsq = probe.ensemble[0]
+        info["jsq_stationary_G8_tok_s"] = jsq["throughput_tok_s_mean"]
+        for c in need_trace:
+            scale = TRACE_LOADS[c] * jsq["throughput_tok_s_mean"] / info["offered_tok_s"]
+            t0 = time.perf_counter()
+            ens = run_ensemble(trace, specs_for(trace, 8, b, False), limit=args.trace_requests,
+                               rate_scale=scale, progress=_progress(f"{wl} {c}"), **common)
+            keep(c, ens.to_dict() | {"wall_s": time.perf_counter() - t0, "rate_scale": scale,
+                                     "load": TRACE_LOADS[c],
+                                     "window_requests": args.trace_requests})
+            _summary_line(f"{wl} {c}", ens)
+    if selected(args.only, wl, "capacity") and "capacity" not in cells:
+        slo = slo_for(trace, b)
+        bracket = Bracket(rel_tol=args.capacity_tol)
+        if "stationary-G8" in cells:  # no policy sustains more than its saturated rate
+            top = max(r["throughput_tok_s_mean"] for r in cells["stationary-G8"]["ensemble"])
+            hi = 1.2 * top / info["output_mean"]
+            bracket = Bracket(lo_req_s=hi / 4, hi_req_s=hi, rel_tol=args.capacity_tol)
+        t0 = time.perf_counter()
+        cap = capacity(trace, specs_for(trace, 8, b, False, for_capacity=True), slo,
+                       replays=args.replays, replay_mode="window",
+                       limit=args.capacity_requests, seed=args.seed, jobs=args.jobs,
+                       bracket=bracket,
+                       progress=lambda m: print(f"  [{wl} capacity] {m}", flush=True))
+        keep("capacity", cap.to_dict() | {"wall_s": time.perf_counter() - t0,
+                                          "window_requests": args.capacity_requests})
+        for r in cap.runs:
+            print(f"  [{wl} capacity] {r['label']:<22} {r['capacity_req_s']:.3f} req/s "
+                  f"({100 * (r['capacity_vs_baseline'] or 0):+.1f}%) {r['note'] or ''}",
+                  flush=True)
+    return {"info": info, "cells": cells}
 
 
-def run_all(args: argparse.Namespace) -> dict[str, Any]:
-    doc: dict[str, Any] = {"config": vars(args) | {"json": str(args.json), "md": str(args.md)},
-                           "workloads": {}, "runs": [], "commit": _commit()}
-    tmp = Path(tempfile.mkdtemp(prefix="br_results_"))
-    for wname, spec in WORKLOADS.items():
-        full = load_trace(spec["path"], min_output=spec["min_output"])
-        if spec.get("shuffle_outputs"):
-            perm = np.random.default_rng(args.seed).permutation(len(full))
-            full = Trace.build(full.arrival_s, full.input_tokens, full.output_tokens[perm],
-                               full.hash_ids, source=full.source + ":shuffled-outputs")
-        k = int(spec["train"])
-        train = full.take(np.arange(k))
-        sim = full.take(np.arange(k, min(len(full), k + args.requests)))
-        learn = not args.no_learned and spec.get("learned", True)
-        model = _train_learned(train, tmp, wname) if learn else None
-        doc["workloads"][wname] = {
-            "path": str(spec["path"]), "filter_min_output": spec["min_output"],
-            "train_requests": k, "sim_requests": len(sim), "learned_model": model is not None,
-            "learned_planned": learn,
-            "sim_duration_s": sim.duration_s, "replicas": spec.get("replicas", args.replicas),
-            "shuffled_outputs": bool(spec.get("shuffle_outputs")),
-            "offered_tok_s": float(sim.output_tokens.sum() / max(sim.duration_s, 1e-9)),
-            "input_p50": float(np.median(sim.input_tokens)),
-            "output_p50": float(np.median(sim.output_tokens)),
-            "output_mean": float(sim.output_tokens.mean())}
-        for g in spec.get("replicas", args.replicas):
-            jsq_sat = None
-            for mode in ("saturated", "trace"):
-                trace = sim
-                scale = 1.0
-                if mode == "trace":
-                    assert jsq_sat
-                    offered = sim.output_tokens.sum() / sim.duration_s
-                    scale = float(offered / (0.9 * jsq_sat))
-                    trace = sim.scaled(scale)
-                for pol, pred_name, variant in _plan(model is not None):
-                    opts = dict(NO_AGEING) if variant == "no-ageing" else {}
-                    if pol == "brh":
-                        opts["horizon"] = args.horizon
-                    cfg = SimConfig(policy=pol, predictor=pred_name, replicas=g,
-                                    slots=args.slots, seed=args.seed, policy_options=opts,
-                                    saturated=mode == "saturated")
-                    pred = (_predictor(pred_name, args.horizon, model, train, args.seed)
-                            if pred_name else None)
-                    res = simulate(trace, cfg, predictor=pred)
-                    s = res.summary()
-                    s.update(workload=wname, variant=variant, time_scale=scale)
-                    s["label"] = cfg.label
-                    doc["runs"].append(s)
-                    if pol == "jsq" and mode == "saturated":
-                        jsq_sat = s["throughput_tok_s"]
-                    print(f"[{wname} G={g} {mode}] {cfg.label:<14} {variant:<9} imb "
-                          f"{s['mean_imbalance_tokens'] or 0:>11,.0f} thr "
-                          f"{s['throughput_tok_s'] or 0:>8,.1f} bound "
-                          f"{s['balanced_bound_tok_s'] or 0:>8,.1f} "
-                          f"tick p50 {s['tick_p50_us'] or 0:>7,.0f} us "
-                          f"({s['wall_s']:.1f} s)", flush=True)
-    return doc
+#: per-replay fields kept by :func:`compact` (what the renderer's pairings read)
+RUN_KEYS = ("label", "replay", "replicas", "throughput_tok_s", "balanced_bound_tok_s",
+            "gain_vs_baseline", "representative")
+
+
+def compact(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with each ensemble cell's ``runs`` cut to :data:`RUN_KEYS`."""
+    out = dict(doc)
+    out["workloads"] = {}
+    for wl, w in doc["workloads"].items():
+        cells = {}
+        for name, c in w["cells"].items():
+            c = dict(c)
+            if "ensemble" in c:
+                c["runs"] = [{k: r.get(k) for k in RUN_KEYS} for r in c["runs"]]
+            cells[name] = c
+        out["workloads"][wl] = {"info": w["info"], "cells": cells}
+    return out
+
+
+def estimate(args: argparse.Namespace) -> None:
+    """Probe each workload (jsq and brh+survival: one stationary G = 8 window and one
+    trace-timed window at 95% load) and extrapolate the measured seconds per simulated
+    request to the planned cells (capacity: 7 rounds of every spec on every replay)."""
+    total_s = 0.0
+    jobs = max(1, min(args.jobs, os.cpu_count() or 1))
+    for wl in WORKLOADS:
+        if not any(selected(args.only, wl, c) for c in CELLS):
+            continue
+        trace = load_workload(wl, args.seed)
+        names = ("jsq", "brh+survival")
+        st = run_ensemble(trace, [s for s in specs_for(trace, 8, args.slots, True)
+                                  if s.name in names], replays=1, replay_mode="window",
+                          limit=stationary_plan(8, args.slots, len(trace))[1],
+                          stationary=stationary_plan(8, args.slots, len(trace))[0], jobs=1)
+        jsq_tok_s = st.row("jsq")["throughput_tok_s_mean"]
+        scale = 0.95 * jsq_tok_s / float(trace.output_tokens.sum() / trace.duration_s)
+        tt = run_ensemble(trace, [s for s in specs_for(trace, 8, args.slots, False)
+                                  if s.name in names], replays=1, replay_mode="window",
+                          limit=args.trace_requests, rate_scale=scale, jobs=1)
+
+        def per_spec(ens: EnsembleResult, capacity_only: bool = False,
+                     trace: Trace = trace) -> float:
+            """Seconds per request summed over the planned specs (brh at the probe's
+            brh+survival cost, the others at jsq's)."""
+            cost: dict[str, float] = {r["label"]: float(r["wall_s"]) / int(r["requests"])
+                                      for r in ens.runs}
+            specs = specs_for(trace, 8, args.slots, False, for_capacity=capacity_only)
+            return float(sum(cost["brh+survival"] if s.config.predictor else cost["jsq"]
+                             for s in specs))
+
+        plan = 0.0
+        for g in STATIONARY_G:
+            if selected(args.only, wl, f"stationary-G{g}"):
+                plan += (args.replays * stationary_plan(g, args.slots, len(trace))[1]
+                         * per_spec(st))
+        plan += sum(args.replays * args.trace_requests * per_spec(tt)
+                    for c in TRACE_LOADS if selected(args.only, wl, c))
+        if selected(args.only, wl, "capacity"):
+            plan += 7 * args.replays * args.capacity_requests * per_spec(tt, True)
+        wl_s = plan / jobs
+        total_s += wl_s
+        n = len(specs_for(trace, 8, args.slots, False))
+        print(f"{wl}: probe {1e3 * per_spec(st) / n:.2f} ms (stationary) / "
+              f"{1e3 * per_spec(tt) / n:.2f} ms (trace-timed) per request and spec; "
+              f"estimated {wl_s / 60:.1f} min with --jobs {args.jobs}")
+    print(f"estimated total: {total_s / 60:.1f} min at this machine's current load "
+          f"({os.getloadavg()[0]:.1f}); the probes run alone, the cells share the cores")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--replicas", type=lambda t: [int(x) for x in t.split(",")],
-                    default=[4, 8, 16])
+    ap.add_argument("--replays", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--horizon", type=int, default=80)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trace-requests", type=int, default=1500)
+    ap.add_argument("--capacity-requests", type=int, default=1000)
+    ap.add_argument("--capacity-tol", type=float, default=0.03)
+    ap.add_argument("--only", type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
+                    default=None)
+    ap.add_argument("--estimate", action="store_true")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/out/results.json"))
+    ap.add_argument("--compact-json", type=Path, default=Path("results/sim_results.json"),
+                    help="the ensemble rows and per-replay throughputs only (committed: "
+                    "enough to re-render with --from-json)")
     ap.add_argument("--md", type=Path, default=Path("docs/results.md"))
+    ap.add_argument("--plots", type=Path, default=Path("docs/results"))
     ap.add_argument("--from-json", action="store_true")
-    ap.add_argument("--no-learned", action="store_true", help="skip training (quick check)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the cells already in --json (same settings) and run the rest")
     args = ap.parse_args()
+    for tok in args.only or []:
+        wl, _, cell = tok.rpartition("/")
+        if tok not in WORKLOADS and tok not in CELLS and not (wl in WORKLOADS
+                                                              and cell in CELLS):
+            raise SystemExit(f"--only: unknown {tok!r}; workloads {list(WORKLOADS)}, "
+                             f"cells {list(CELLS)}")
+    if args.replays < 8:
+        print(f"note: --replays {args.replays} is below the K >= 8 the results page "
+              f"promises; use it for checks only", file=sys.stderr)
+    if args.estimate:
+        estimate(args)
+        return 0
     if args.from_json:
         doc = json.loads(args.json.read_text())
     else:
         t0 = time.perf_counter()
-        doc = run_all(args)
-        doc["wall_s"] = time.perf_counter() - t0
+        old = json.loads(args.json.read_text()) if args.resume and args.json.exists() else None
+        if old is not None and any(old["config"].get(k) != getattr(args, k)
+                                   for k in SAME_FOR_RESUME):
+            raise SystemExit(f"--resume: {args.json} was made with other settings "
+                             f"({', '.join(SAME_FOR_RESUME)})")
+        doc = {"config": {k: (str(v) if isinstance(v, Path) else v)
+                          for k, v in vars(args).items()},
+               "commit": _commit(), "workloads": {},
+               "policies": [f"{p}+{pr}" if pr else p for p, pr, _ in POLICIES],
+               "slo": {"tpot_factor": SLO_TPOT_FACTOR, "ttft_p95_s": SLO_TTFT_S},
+               "step": {"a_s_per_token": STEP_A, "b_s": STEP_B}, "partial": True}
+        if old is not None:
+            doc["workloads"] = old["workloads"]
+            doc["resumed_from"] = {"commit": old.get("commit"), "wall_s": old.get("wall_s")}
         args.json.parent.mkdir(parents=True, exist_ok=True)
+
+        def save(wl: str) -> Callable[[dict[str, Any]], None]:
+            def inner(part: dict[str, Any]) -> None:
+                doc["workloads"][wl] = part
+                doc["wall_s"] = time.perf_counter() - t0
+                args.json.write_text(json.dumps(doc, indent=1, default=str))
+            return inner
+
+        for wl in WORKLOADS:
+            if any(selected(args.only, wl, c) for c in CELLS):
+                print(f"[{wl}]", flush=True)
+                done = doc["workloads"].get(wl, {}).get("cells", {})
+                doc["workloads"][wl] = run_workload(wl, args, done, save(wl))
+        doc["wall_s"] = time.perf_counter() - t0 + (
+            (doc.get("resumed_from") or {}).get("wall_s") or 0.0)
+        doc["partial"] = False
         args.json.write_text(json.dumps(doc, indent=1, default=str))
+        args.compact_json.parent.mkdir(parents=True, exist_ok=True)
+        args.compact_json.write_text(json.dumps(compact(doc), indent=0, default=str))
     args.md.parent.mkdir(parents=True, exist_ok=True)
-    args.md.write_text(render(doc))
-    print(f"wrote {args.md} ({len(doc['runs'])} runs)")
+    args.md.write_text(render(doc, args.plots, args.md.parent))
+    print(f"wrote {args.md} and plots under {args.plots}")
     return 0
 
 

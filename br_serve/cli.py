@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 COMMAND_MODULES = (
     "br_serve.bench.tick",  # bench-tick
-    "br_serve.sim.cli",  # sim
+    "br_serve.sim.cli",  # sim, fetch-trace
+    "br_serve.sim.capacity_cli",  # capacity
     "predictors.cli",  # train-predictor, eval-predictor
     "br_serve.serve.cli",  # serve / demo / bench-serve
     "br_serve.engine.cli",  # bench-kv

@@ -11,6 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from br_serve.sim.config import SimConfig
+    from br_serve.traces import Trace
 
 
 def _csv(text: str) -> list[str]:
@@ -48,13 +53,14 @@ def _drift(text: str) -> tuple[int, int, float]:
                          f"got {text!r}") from None
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("sim", help="simulate policies on a trace (deterministic)",
-                       description=__doc__)
+def add_trace_args(p: argparse.ArgumentParser) -> None:
+    """Trace file and filters (shared by ``sim`` and ``capacity``)."""
     p.add_argument("--trace", required=True, help="trace file")
     p.add_argument("--format", default="auto",
                    choices=["auto", "azure", "mooncake", "servegen", "burstgpt", "jsonl"])
-    p.add_argument("--limit", type=int, default=None, help="first N requests (after filters)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="first N requests (after filters); with --replay-mode window, the "
+                   "window length")
     p.add_argument("--min-output", type=int, default=None)
     p.add_argument("--max-output", type=int, default=None)
     p.add_argument("--start-s", type=float, default=None)
@@ -62,6 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply arrival times (0.5 = twice the request rate)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted)")
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """Policies, cluster and cost model (shared by ``sim`` and ``capacity``)."""
     p.add_argument("--policies", default="jsq,br0", help="comma list; brh:NAME pins a predictor")
     p.add_argument("--replicas", default="8", help="G, or a comma list")
     p.add_argument("--slots", type=int, default=16, help="B: requests per replica")
@@ -72,7 +82,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--predictor-model", default=None, help="model file for 'learned'")
     p.add_argument("--warm-start", default=None, metavar="TRACE",
                    help="feed this (earlier) trace to each predictor as finished history")
-    p.add_argument("--saturated", action="store_true", help="all requests at t=0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-limit", type=int, default=None, help="KV tokens per replica")
     p.add_argument("--pool-capacity", type=int, default=65536)
@@ -94,10 +103,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable): KEY for every listed policy that has "
                    "it, POLICY.KEY for one, e.g. r_max=4 or brh.gamma=0.97")
-    p.add_argument("--series-max-rows", type=int, default=200_000)
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--progress", action="store_true", help="progress bar on stderr")
+    p.add_argument("--progress", action="store_true", help="progress on stderr")
     p.add_argument("--out", required=True, help="output directory")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from br_serve.sim.ensemble_cli import add_ensemble_args
+
+    p = sub.add_parser("sim", help="simulate policies on a trace (deterministic)",
+                       description=__doc__)
+    add_trace_args(p)
+    add_cluster_args(p)
+    p.add_argument("--saturated", action="store_true", help="all requests at t=0")
+    p.add_argument("--series-max-rows", type=int, default=200_000)
+    add_ensemble_args(p)
     p.set_defaults(func=run)
 
     f = sub.add_parser("fetch-trace", help="download a public trace (needs internet)",
@@ -126,61 +146,92 @@ def fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
+def load_cli_trace(args: argparse.Namespace, limit: bool = True) -> Trace:
+    """The filtered trace (``limit``: apply ``--limit`` as "first N")."""
+    from br_serve.traces import load_trace
+
+    trace = load_trace(args.trace, args.format, limit=args.limit if limit else None,
+                       min_output=args.min_output, max_output=args.max_output,
+                       start_s=args.start_s, end_s=args.end_s, time_scale=args.time_scale,
+                       skip_bad=args.skip_bad)
+    if len(trace) == 0:
+        raise ValueError(f"--trace: no requests left in {args.trace} after the filters")
+    if trace.skipped_lines:
+        print(f"{args.command}: skipped {trace.skipped_lines} malformed line(s) in "
+              f"{args.trace}", file=sys.stderr)
+    return trace
+
+
+def cluster_configs(args: argparse.Namespace, saturated: bool) -> list[SimConfig]:
+    """One validated config per planned (policy, predictor) x ``--replicas``."""
     from br_serve.config.plan import parse_key_values, plan_policy_runs
     from br_serve.sim.config import parse_sim_config
+
+    options = parse_key_values(args.policy_option)
+    if args.horizon is not None:
+        options.setdefault("horizon", str(args.horizon))
+    preds = _csv(args.predictor) if args.predictor else [None]
+    runs = plan_policy_runs(_csv(args.policies), options, preds)
+    return [parse_sim_config(
+        policy=run.policy, policy_options=run.options, predictor=run.predictor,
+        predictor_model_path=args.predictor_model,
+        replicas=g, slots=args.slots, kv_limit_tokens=args.kv_limit,
+        seed=args.seed, saturated=saturated,
+        step_a_s_per_token=_coef("step-a", args.step_a),
+        step_b_s=_coef("step-b", args.step_b),
+        step_c_s_per_request=_coef("step-c", args.step_c),
+        step_drift=tuple(_drift(d) for d in args.step_drift),
+        step_noise_cv=args.step_noise_cv,
+        prefill_replicas=args.prefill_replicas,
+        prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
+        pool_capacity=args.pool_capacity)
+        for g in _ints("replicas", args.replicas) for run in runs]
+
+
+def trace_meta(args: argparse.Namespace, trace: Trace) -> dict[str, Any]:
+    return {"trace": {"path": str(args.trace), "source": trace.source,
+                      "requests": len(trace), "skipped_lines": trace.skipped_lines,
+                      "dropped_rows": trace.dropped_rows},
+            "argv": sys.argv[1:]}
+
+
+def run(args: argparse.Namespace) -> int:
     from br_serve.sim.engine import simulate
+    from br_serve.sim.ensemble_cli import (
+        replay_mode,
+        run_sim_ensemble,
+        single_replay_ensemble,
+        wants_ensemble,
+    )
     from br_serve.sim.output import write_outputs
     from br_serve.sim.predict import build_predictor, warm_start_from
     from br_serve.traces import load_trace
 
-    trace = load_trace(args.trace, args.format, limit=args.limit, min_output=args.min_output,
-                       max_output=args.max_output, start_s=args.start_s, end_s=args.end_s,
-                       time_scale=args.time_scale, skip_bad=args.skip_bad)
-    if len(trace) == 0:
-        raise ValueError(f"--trace: no requests left in {args.trace} after the filters")
-    if trace.skipped_lines:
-        print(f"sim: skipped {trace.skipped_lines} malformed line(s) in {args.trace}",
-              file=sys.stderr)
-    options = parse_key_values(args.policy_option)
-    if args.horizon is not None:
-        options.setdefault("horizon", str(args.horizon))
+    ensemble = wants_ensemble(args)
+    saturated = args.saturated or bool(args.stationary)
+    windows = ensemble and replay_mode(args, saturated) == "window"
+    trace = load_cli_trace(args, limit=not windows)
     history = load_trace(args.warm_start, skip_bad=args.skip_bad) if args.warm_start else None
-    preds = _csv(args.predictor) if args.predictor else [None]
-    runs = plan_policy_runs(_csv(args.policies), options, preds)
-    plan = [(run, g) for g in _ints("replicas", args.replicas) for run in runs]
+    configs = cluster_configs(args, saturated)
+    if ensemble:
+        return run_sim_ensemble(args, trace, configs, history, trace_meta(args, trace))
     results = []
-    for run, g in plan:
-        cfg = parse_sim_config(
-            policy=run.policy, policy_options=run.options, predictor=run.predictor,
-            predictor_model_path=args.predictor_model,
-            replicas=g, slots=args.slots, kv_limit_tokens=args.kv_limit,
-            seed=args.seed, saturated=args.saturated,
-            step_a_s_per_token=_coef("step-a", args.step_a),
-            step_b_s=_coef("step-b", args.step_b),
-            step_c_s_per_request=_coef("step-c", args.step_c),
-            step_drift=tuple(_drift(d) for d in args.step_drift),
-            step_noise_cv=args.step_noise_cv,
-            prefill_replicas=args.prefill_replicas,
-            prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
-            pool_capacity=args.pool_capacity)
+    for cfg in configs:
         t0 = time.perf_counter()
         predictor = build_predictor(cfg)
         if predictor is not None and history is not None:
             warm_start_from(predictor, history)
         res = simulate(trace, cfg, predictor=predictor, progress=args.progress)
         s = res.summary()
-        print(f"{cfg.label:>24} G={g:<3} imbalance {s['mean_imbalance_tokens'] or 0:>12,.0f} "
+        print(f"{cfg.label:>24} G={cfg.replicas:<3} imbalance "
+              f"{s['mean_imbalance_tokens'] or 0:>12,.0f} "
               f"thr {s['throughput_tok_s'] or 0:>9,.1f} tok/s (bound "
               f"{s['balanced_bound_tok_s'] or 0:,.1f}) TPOT p95 {s['tpot_p95_ms'] or 0:.1f} ms "
               f"| {s['steps']} steps in {time.perf_counter() - t0:.1f} s", flush=True)
         results.append(res)
-    meta = {"trace": {"path": str(args.trace), "source": trace.source,
-                      "requests": len(trace), "skipped_lines": trace.skipped_lines,
-                      "dropped_rows": trace.dropped_rows},
-            "argv": sys.argv[1:]}
-    write_outputs(results, args.out, meta=meta, max_rows=args.series_max_rows,
-                  plots=not args.no_plots)
+    doc = write_outputs(results, args.out, meta=trace_meta(args, trace),
+                        max_rows=args.series_max_rows, plots=not args.no_plots)
+    single_replay_ensemble(doc, trace, configs, args.baseline, args.out)
     print(f"sim: wrote {args.out}/summary.json, results.md, series/, loads/"
           f"{'' if args.no_plots else ', plots/'}")
     return 0

@@ -272,7 +272,18 @@ def simulate(trace: Trace, config: SimConfig, *,
     prompt_l = prompt.tolist()
     output_l = output.tolist()
 
+    # pool-entry order and step of every request (FCFS order, pool ages); feeders call
+    # make() exactly when they add the request to the pool
+    enqueue_step = np.full(n, -1, dtype=np.int64)
+    enqueue_order = np.full(n, -1, dtype=np.int64)
+    enqueue_s = np.full(n, np.nan)
+    entered = [0]
+
     def make(i: int, enq_s: float, step: int) -> PoolRequest:
+        enqueue_step[i] = step
+        enqueue_s[i] = enq_s
+        enqueue_order[i] = entered[0]
+        entered[0] += 1
         return PoolRequest(f"r{i}", prompt_l[i], enq_s, step, float(arrival[i]),
                            None if prefix[i] < 0 else prefix[i],
                            None if hids is None else hids[i])
@@ -288,7 +299,6 @@ def simulate(trace: Trace, config: SimConfig, *,
 
     admit_step = np.full(n, -1, dtype=np.int64)
     replica = np.full(n, -1, dtype=np.int64)
-    enqueue_s = np.full(n, np.nan)
     tick_ns: list[int] = []
     pred_failed = 0
     steps = _Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
@@ -392,4 +402,5 @@ def simulate(trace: Trace, config: SimConfig, *,
         output_tokens=np.asarray(output), admit_step=admit_step, replica=replica,
         enqueue_s=enqueue_s, steps=series, tick_ns=np.asarray(tick_ns, dtype=np.int64),
         steady_steps=steady_steps, wall_s=time.perf_counter() - wall0,
-        predictor_failed_ticks=pred_failed)
+        predictor_failed_ticks=pred_failed, enqueue_step=enqueue_step,
+        enqueue_order=enqueue_order, prompt_tokens=np.asarray(prompt))

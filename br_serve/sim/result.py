@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from br_serve.sim.config import SimConfig
+from br_serve.sim.metrics import efficiency, wait_beyond_fcfs, wait_summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,11 @@ class SimResult:
     steady_steps: int | None
     wall_s: float
     predictor_failed_ticks: int = 0
+    #: step at whose start request ``i`` entered the pool, and its rank in pool-entry
+    #: order (the order FCFS would admit in); -1 if it never entered
+    enqueue_step: np.ndarray | None = None
+    enqueue_order: np.ndarray | None = None
+    prompt_tokens: np.ndarray | None = None
 
     # -- per request ---------------------------------------------------------------
     def step_end_s(self) -> np.ndarray:
@@ -130,6 +136,8 @@ class SimResult:
 
         head = window(0, w)
         drain = window(w, total)
+        ranks, waits = wait_beyond_fcfs(self)
+        admitted_in_win = (self.admit_step >= 0) & (self.admit_step < w)
         ticks = self.tick_ns / 1000.0
         makespan = float(ends[-1]) if total else 0.0
         out: dict[str, Any] = {
@@ -144,6 +152,8 @@ class SimResult:
             "mean_imbalance_tokens": head["mean_imbalance_tokens"],
             "throughput_tok_s": head["throughput_tok_s"],
             "balanced_bound_tok_s": head["balanced_bound_tok_s"],
+            **efficiency(s, 0, w),
+            **wait_summary(ranks, waits, admitted_in_win),
             "tpot_p50_ms": _pct(tpot, 50, 1e3),
             "tpot_p95_ms": _pct(tpot, 95, 1e3),
             "ttft_p50_ms": _pct(ttft, 50, 1e3),
@@ -161,6 +171,7 @@ class SimResult:
             "drain_s": drain["busy_s"],
             "drain_mean_imbalance_tokens": drain["mean_imbalance_tokens"],
             "drain_throughput_tok_s": drain["throughput_tok_s"],
+            "whole_run_throughput_tok_s": window(0, total)["throughput_tok_s"],
             "wall_s": self.wall_s,
             "steps_per_s": total / self.wall_s if self.wall_s > 0 else None,
             "seed": cfg.seed,

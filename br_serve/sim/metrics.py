@@ -1,0 +1,108 @@
+"""Per-run metrics beyond throughput: barrier efficiency and the wait beyond FCFS.
+
+Efficiency over a window of steps ``[lo, hi)``:
+
+- ``barrier_idle_share`` = mean imbalance / (G * mean max load) =
+  ``1 - sum_k sum_g L_g(k) / (G * sum_k max_g L_g(k))``: the share of the barrier's
+  token capacity (every replica computing as much as the slowest) left idle by
+  imbalance. 0 = every step perfectly balanced.
+- ``mean_step_ms``: busy time / steps.
+- ``tokens_per_busy_s``: generated tokens / decode-busy seconds (the simulator's
+  ``throughput_tok_s``; in a trace-timed run below saturation this still differs between
+  policies although the wall-clock token rate equals the offered load).
+
+Wait beyond FCFS, per request (defined for every mode). FCFS order is pool-entry order
+(``SimResult.enqueue_order``: trace order in saturated and stationary mode, prefill
+finish order in trace-timed mode). Admission order sorts admitted requests by their
+first decode step, ties by FCFS order. With ``p`` a request's FCFS position, ``q`` its
+admission rank and ``T_j`` the time of the run's ``j``-th admission (the start of that
+request's first decode step):
+
+- in ranks: ``max(0, q - p)`` (how many admissions later than its FCFS turn);
+- in seconds: ``max(0, T_q - T_p)`` (how much later it got a slot than the run's
+  ``p``-th slot went out; under FCFS order ``q = p`` and both are 0).
+
+The counterfactual slot times are the run's own (an FCFS run would have freed slots at
+other times), so this measures reordering, not a different schedule's latency.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from br_serve.sim.result import SimResult, StepSeries
+
+
+def efficiency(steps: StepSeries, lo: int, hi: int) -> dict[str, float | None]:
+    """``barrier_idle_share``, ``mean_step_ms``, ``tokens_per_busy_s`` over ``[lo, hi)``."""
+    if hi <= lo:
+        return {"barrier_idle_share": None, "mean_step_ms": None, "tokens_per_busy_s": None}
+    mx = float(steps.max_load_tokens[lo:hi].sum())
+    imb = float(steps.imbalance_tokens[lo:hi].sum())
+    g = _replicas(steps)
+    busy = float(steps.tau_s[lo:hi].sum())
+    tok = float(steps.running[lo:hi].sum())
+    return {
+        "barrier_idle_share": imb / (g * mx) if mx > 0 and g else None,
+        "mean_step_ms": 1e3 * busy / (hi - lo),
+        "tokens_per_busy_s": tok / busy if busy > 0 else None,
+    }
+
+
+def _replicas(steps: StepSeries) -> int:
+    loads = steps.sample_loads
+    return int(loads.shape[1]) if loads.ndim == 2 and loads.shape[0] else 0
+
+
+def step_start_s(res: SimResult) -> np.ndarray:
+    """Absolute start time of every step (idle gaps included)."""
+    ends = res.step_end_s()
+    out: np.ndarray = ends - res.steps.tau_s
+    return out
+
+
+def wait_beyond_fcfs(res: SimResult) -> tuple[np.ndarray, np.ndarray]:
+    """``(ranks, seconds)`` per request as in the module docstring; -1 / NaN for a
+    request that was never admitted (or never entered the pool)."""
+    n = res.admit_step.shape[0]
+    ranks = np.full(n, -1, dtype=np.int64)
+    secs = np.full(n, np.nan)
+    order = res.enqueue_order
+    if order is None or n == 0:
+        return ranks, secs
+    ok = (res.admit_step >= 0) & (order >= 0)
+    idx = np.flatnonzero(ok)
+    if idx.size == 0:
+        return ranks, secs
+    # admission order: by first decode step, ties by FCFS position
+    adm = idx[np.lexsort((order[idx], res.admit_step[idx]))]
+    q = np.empty(n, dtype=np.int64)
+    q[adm] = np.arange(adm.size)
+    starts = step_start_s(res)
+    steps_n = starts.shape[0]
+    t_adm = starts[np.minimum(res.admit_step[adm], steps_n - 1)]  # non-decreasing
+    p = order[idx]
+    ranks[idx] = np.maximum(0, q[idx] - p)
+    have = p < adm.size  # the p-th slot exists (always, unless some never got one)
+    sel = idx[have]
+    secs[sel] = np.maximum(0.0, t_adm[q[sel]] - t_adm[p[have]])
+    return ranks, secs
+
+
+def wait_summary(ranks: np.ndarray, secs: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+    """P50 / P99 / max of the wait beyond FCFS over the requests in ``mask``."""
+    r = ranks[mask & (ranks >= 0)]
+    s = secs[mask & np.isfinite(secs)]
+
+    def pct(x: np.ndarray, q: float) -> float | None:
+        return float(np.percentile(x, q)) if x.size else None
+
+    return {
+        "wait_beyond_fcfs_s_p50": pct(s, 50), "wait_beyond_fcfs_s_p99": pct(s, 99),
+        "wait_beyond_fcfs_s_max": float(s.max()) if s.size else None,
+        "wait_beyond_fcfs_ranks_p50": pct(r, 50), "wait_beyond_fcfs_ranks_p99": pct(r, 99),
+        "wait_beyond_fcfs_ranks_max": int(r.max()) if r.size else None,
+    }
