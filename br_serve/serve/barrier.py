@@ -53,6 +53,8 @@ class Barrier:
         self.members = members
         self.world = len(members)
         self.generation = generation
+        #: exchanges completed in this generation (the same on every member: lock-step)
+        self.steps = 0
         self.backend = backend
         self._torch = torch
         self._op_timeout = datetime.timedelta(seconds=timeout_s)
@@ -94,6 +96,7 @@ class Barrier:
         except Exception as exc:
             raise BarrierError(f"barrier gen {self.generation}: all_reduce failed: {exc}"
                                ) from exc
+        self.steps += 1
         return t.numpy().astype(np.int64)
 
     def close(self) -> None:

@@ -3,15 +3,21 @@
 HTTP (FastAPI, wrapped as a Serve deployment in :mod:`br_serve.serve.graph`):
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming ending in
 ``data: [DONE]``, or one JSON body; both with ``usage``), ``GET /v1/models``,
-``GET /health``, ``GET /v1/br/state``. Errors use OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}``: 400 bad JSON/fields, 401 missing
-or wrong API key (every path but ``/health``), 404 unknown model, 413 prompt over the
-context limit, 429 pool full, 503 no decode replica alive.
+``GET /health`` (liveness: the ingress process answers), ``GET /ready`` (readiness: a
+request would be served now; 503 otherwise), ``GET /v1/br/state``. Errors use OpenAI's
+shape ``{"error": {"message", "type", "param", "code"}}``: 400 bad JSON/fields, 401
+missing or wrong API key (every path but ``/health`` and ``/ready``), 404 unknown model,
+413 prompt over the context limit, 429 the graph is at capacity (refused before any
+prefill work, with ``Retry-After``), 503 no decode replica alive.
 
 Handle API: :meth:`Ingress.generate_stream` (see its docstring).
 
-The first ingress replica creates the scheduler and decode replica actors (named, in
-the graph's namespace, owned by it: deleting the app removes them).
+The first ingress replica creates the scheduler, decode replica and KV keeper actors
+(named, in the graph's namespace, owned by it: deleting the app removes them; see
+:mod:`br_serve.serve.actors`). Its constructor returns only when the graph would serve
+a request (the scheduler has formed the barrier group, and one warm-up request went
+through prefill, the pool, a decode replica and back), so Serve, and ``serve run``,
+report the app ready only then.
 """
 
 # No "from __future__ import annotations": FastAPI must see real annotations (Request)
@@ -29,51 +35,29 @@ from pydantic import ValidationError
 from ray import serve
 
 from br_serve.serve import openai_api as oa
+from br_serve.serve.actors import create_actors, replace_decode
 from br_serve.serve.config import parse_graph_config
 from br_serve.serve.streams import GenerateError, Streamer, Token
+from br_serve.transport.lease import KVLease
 
 log = logging.getLogger(__name__)
 
 api = FastAPI(title="BalanceRoute", docs_url=None, redoc_url=None)
 
-
-def actor_names(app_name: str, replicas: int) -> tuple[str, list[str]]:
-    """Names of the scheduler actor and the decode replica actors of one app."""
-    return f"{app_name}:scheduler", [f"{app_name}:decode:{g}" for g in range(replicas)]
+#: bound on the constructor's wait for a ready graph (replica start-up included)
+READY_WAIT_S = 300.0
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None,
-           code: str | None = None) -> JSONResponse:
-    return JSONResponse(oa.error_body(message, type_, code, param), status_code=status)
+           code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(oa.error_body(message, type_, code, param), status_code=status,
+                        headers=headers)
 
 
-def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any], Any]:
-    """Create (or find) the scheduler and decode actors; returns their handles.
-
-    Handles come from the creation calls: named-actor registration is asynchronous, so
-    looking them up by name right away could fail.
-    """
-    import ray
-
-    from br_serve.serve.decode import DecodeReplica
-    from br_serve.serve.kvkeeper import KVKeeper, keeper_name
-    from br_serve.serve.scheduler import Scheduler
-
-    cfg = parse_graph_config(config)
-    sched_name, decode_names = actor_names(cfg.app_name, cfg.replicas)
-    keeper = ray.remote(KVKeeper).options(
-        name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
-        num_cpus=0, max_concurrency=1000).remote()
-    decode = [
-        ray.remote(DecodeReplica).options(
-            name=name, namespace=cfg.namespace, get_if_exists=True, max_restarts=0,
-            max_concurrency=1000, **cfg.replica_actor_options()).remote(g, config, sched_name)
-        for g, name in enumerate(decode_names)]
-    sched = ray.remote(Scheduler).options(
-        name=sched_name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
-        max_restarts=-1, max_task_retries=0, max_concurrency=1000,
-    ).remote(config, decode_names)
-    return sched, decode, keeper
+def _generate_error(exc: GenerateError) -> JSONResponse:
+    headers = ({"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None
+               else None)
+    return _error(exc.status, exc.message, exc.type, exc.param, headers=headers)
 
 
 def _token_dict(tok: Token) -> dict[str, Any]:
@@ -91,18 +75,54 @@ def _token_dict(tok: Token) -> dict[str, Any]:
 class Ingress:
     """OpenAI-compatible ingress (a Serve deployment built by :mod:`br_serve.serve.graph`)."""
 
-    def __init__(self, prefill: Any, config: dict[str, Any]) -> None:
+    # Serve awaits an async constructor (the replica is ready only when it returns)
+    async def __init__(self, prefill: Any, config: dict[str, Any]) -> None:  # type: ignore[misc]
         self.cfg = parse_graph_config(config)
         self.api_key = self.cfg.resolved_api_key()
-        sched, decode, keeper = _create_actors(self.cfg.model_dump())
-        self.streamer = Streamer(self.cfg, prefill, sched, decode, keeper)
+        actors = create_actors(self.cfg)
+        cfg = self.cfg
+
+        async def replace(g: int, old: Any) -> Any:
+            return await replace_decode(cfg, g, old)
+
+        self.streamer = Streamer(self.cfg, prefill, actors.scheduler, actors.decode,
+                                 KVLease(None, keeper=actors.keeper), replace)
         self._metrics: Any = None
         try:
             from br_serve.serve.metrics import IngressMetrics
 
             self._metrics = IngressMetrics()
-        except Exception as exc:
+        except (ImportError, RuntimeError, ValueError) as exc:
             log.warning("ingress: metrics disabled: %s", exc)
+        await self._warm_up()
+
+    async def _warm_up(self) -> None:
+        """Wait (bounded) until a request would be served, then serve one end to end,
+        so that the first user request meets warm code paths."""
+        import asyncio
+
+        from br_serve.engine.base import SamplingParams
+
+        self.streamer._ensure_started()
+        deadline = time.monotonic() + READY_WAIT_S
+        while not await self._ready_now():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ingress: graph not ready after {READY_WAIT_S:.0f} s")
+            await asyncio.sleep(0.2)
+        params = SamplingParams(max_tokens=2, seed=0)
+        toks = [t async for t in self.streamer.generate("warm up", params,
+                                                       f"{self.streamer.owner}-warmup")]
+        if not toks or toks[-1].error is not None:
+            log.warning("ingress: warm-up request failed: %s", toks[-1:] or "no tokens")
+
+    async def _ready_now(self) -> bool:
+        """Readiness: the scheduler is up with a barrier group, and the graph has room."""
+        try:
+            ready = bool(await self.streamer._call_scheduler("ready"))
+        except GenerateError:
+            return False
+        gate = self.streamer.gate
+        return ready and max(gate.inside, gate.elsewhere) < gate.capacity()
 
     # -- handle API ---------------------------------------------------------------------
     async def generate_stream(self, prompt: str | list[int], max_tokens: int = 16,
@@ -122,8 +142,11 @@ class Ingress:
             async for tok in self._timed(self.streamer.generate(prompt, params, request_id)):
                 yield _token_dict(tok)
         except GenerateError as exc:
-            yield {"index": 0, "finished": True, "finish_reason": "error",
-                   "error": exc.message, "status": exc.status}
+            item = {"index": 0, "finished": True, "finish_reason": "error",
+                    "error": exc.message, "status": exc.status}
+            if exc.retry_after_s is not None:
+                item["retry_after_s"] = exc.retry_after_s
+            yield item
 
     async def state(self) -> dict[str, Any]:
         """The scheduler's view (same as ``GET /v1/br/state``)."""
@@ -150,7 +173,16 @@ class Ingress:
 
     @api.get("/health")
     async def health(self) -> dict[str, str]:
+        """Liveness: this process answers (it says nothing about the graph)."""
         return {"status": "ok"}
+
+    @api.get("/ready")
+    async def ready(self) -> Any:
+        """Readiness: 200 when a request would be served now, else 503."""
+        if await self._ready_now():
+            return {"status": "ready"}
+        return _error(503, "not ready: the graph is starting, recovering or full",
+                      "service_unavailable")
 
     @api.get("/v1/models")
     async def models(self, request: Request) -> Any:
@@ -203,7 +235,7 @@ class Ingress:
         try:
             first = await gen.__anext__()
         except GenerateError as exc:
-            return _error(exc.status, exc.message, exc.type, exc.param)
+            return _generate_error(exc)
         except StopAsyncIteration:
             return _error(500, "empty generation", "server_error")
         if req.stream:

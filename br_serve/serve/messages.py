@@ -6,6 +6,7 @@ All frozen, slotted dataclasses (they travel through Ray calls by pickling).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from br_serve.engine.base import SamplingParams, TokenEvent
 from br_serve.transport.base import KVHandle
@@ -48,6 +49,33 @@ class Admission:
     prefix_hash: int | None = None
 
 
+#: ``DecodeReplica.admit``'s answer: ``queued`` (taken; its KV is here), ``duplicate``
+#: (taken before: resubmission is idempotent), ``full`` (refused: no free slot; the KV is
+#: untouched, retry elsewhere), ``failed`` (its KV could not be pulled: it will never run;
+#: the owner was told with a retryable :class:`StreamError`).
+AdmitStatus = Literal["queued", "duplicate", "full", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitReply:
+    """What a decode replica answered to ``admit``.
+
+    ``step`` is the replica's step counter when it took the request: a ``queued`` request
+    is accounted for (running, finished or dropped) in every report of that replica
+    incarnation with ``step >= AdmitReply.step + 2`` (it is installed at the start of
+    the next step that begins after the answer). ``incarnation`` names the replica actor
+    instance that answered.
+    """
+
+    status: AdmitStatus
+    step: int = 0
+    incarnation: str = ""
+
+    @property
+    def taken(self) -> bool:
+        return self.status in ("queued", "duplicate")
+
+
 @dataclass(frozen=True, slots=True)
 class Admitted:
     """Decode replica ``replica`` installed ``request_id`` (sent before its tokens)."""
@@ -74,6 +102,11 @@ class ReplicaReport:
 
     Rows ``running_ids[j]``, ``prompt_tokens[j]``, ``decoded_tokens[j]`` describe its
     running requests; ``finished_ids`` ended since the previous report.
+    ``dropped_ids`` were taken (``admit`` answered ``queued``) and ended without
+    finishing: aborted by their owner, or refused by the engine at install time.
+    ``incarnation`` names the replica actor instance (a replacement starts at step 0).
+    ``barrier_step`` counts the exchanges of ``generation`` so far: the same number on
+    every member after the same step (lock-step), unlike ``step``.
     ``barrier_loads`` are the loads of ``members`` (replica indices, group rank order)
     *during* this step (what each member's step computed with), as the step's
     all-reduce delivered them; ``barrier_running`` their running counts during the step,
@@ -94,3 +127,6 @@ class ReplicaReport:
     barrier_running: tuple[int, ...]
     compute_s: float
     barrier_s: float
+    dropped_ids: tuple[str, ...] = ()
+    incarnation: str = ""
+    barrier_step: int = 0
