@@ -150,13 +150,15 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                     scale = float(offered / (0.9 * jsq_sat))
                     trace = sim.scaled(scale)
                 for pol, pred_name, variant in _plan(model is not None):
+                    opts = dict(NO_AGEING) if variant == "no-ageing" else {}
+                    if pol == "brh":
+                        opts["horizon"] = args.horizon
                     cfg = SimConfig(policy=pol, predictor=pred_name, replicas=g,
-                                    slots=args.slots, horizon=args.horizon, seed=args.seed,
+                                    slots=args.slots, seed=args.seed, policy_options=opts,
                                     saturated=mode == "saturated")
                     pred = (_predictor(pred_name, args.horizon, model, train, args.seed)
                             if pred_name else None)
-                    opts = dict(NO_AGEING) if variant == "no-ageing" else {}
-                    res = simulate(trace, cfg, opts, predictor=pred)
+                    res = simulate(trace, cfg, predictor=pred)
                     s = res.summary()
                     s.update(workload=wname, variant=variant, time_scale=scale)
                     s["label"] = cfg.label

@@ -124,8 +124,9 @@ def discussion(doc: dict[str, Any]) -> str:
                    f"whole run {_p(_g(runs, w, 'saturated', 8, 'br0', 'no-ageing', jsq, True))}"
                    for w in wls)
     out.append(
-        "2. **Steady window vs whole run.** DESIGN section 7 puts the headline on the steady "
-        "window (until the pool first runs empty) and reports the drain apart. Without "
+        "2. **Steady window vs whole run.** The simulator's saturated mode puts the "
+        "headline on the steady window (until the pool first runs empty) and reports the "
+        "drain apart. Without "
         "ageing BR can defer requests it cannot place well (large prompts) into the drain, "
         "which the window does not see, so the tables also give whole-run throughput "
         f"(window + drain). BR-0 without ageing at G=8: {wh}. On ServeGen the drain of the "
@@ -190,7 +191,7 @@ def discussion(doc: dict[str, Any]) -> str:
         "model does not reproduce that everywhere.\n")
     ticks = [r["tick_p50_us"] for r in runs if r["policy"] == "br0" and r["tick_p50_us"]]
     out.append(
-        "7. **Absolute numbers** differ from the paper's: the cost model is DESIGN's linear "
+        "7. **Absolute numbers** differ from the paper's: the cost model is the linear "
         "step model with its defaults, B = 16, no KV limit; neither the paper's production "
         "trace nor Azure 2024 is available here. Mooncake's long prompts (P50 ~6.4k tokens) "
         "make imbalances several times the paper's. BR-0's tick P50 is "
@@ -211,12 +212,12 @@ def render(doc: dict[str, Any]) -> str:
         f"by hand). Simulated at commit `{commit}`; {len(runs)} runs in "
         f"{_f(doc.get('wall_s', 0) / 60, 1)} min on the 2-core development machine.\n",
         f"Cluster model: B = {cfg['slots']} slots per replica, no KV limit, step time "
-        "`5e-7 s/token * max_g L_g + 0.03 s` (DESIGN section 2 defaults), BR-H horizon "
+        "`5e-7 s/token * max_g L_g + 0.03 s` (docs/design.md defaults), BR-H horizon "
         f"H = {cfg['horizon']}, seed {cfg['seed']}. Prefill (trace-timed mode): 8 instances, "
         "`0.02 s + 2e-5 s/token`. Saturated headline metrics cover the steady window (until "
         "the pool first runs empty); trace-timed ones the whole run. Throughput is generated "
         "tokens per second of decode-busy time; the balanced bound is the same run with every "
-        "step priced at the mean load (DESIGN section 7); headroom share is "
+        "step priced at the mean load (docs/design.md, 'Model and notation'); headroom share is "
         "`(thr - thr_jsq) / (bound - thr_jsq)`. In saturated runs TTFT counts from t = 0 "
         "(every request arrives then), so it measures queueing position, not latency.\n",
         "## Workloads\n",
@@ -228,7 +229,7 @@ def render(doc: dict[str, Any]) -> str:
         parts.append(f"| {wl} | {w['sim_requests']} | {w['train_requests']} | "
                      f"{_f(w['input_p50'])} | {_f(w['output_p50'])} / {_f(w['output_mean'])} | "
                      f"{_learned_cell(w)} |")
-    parts += ["", "## The paper's numbers (DESIGN section 9; G = 8, Ascend 910C, "
+    parts += ["", "## The paper's numbers (G = 8, Ascend 910C, "
               "DeepSeek-V3)\n", PAPER,
               "Paper's gains over JSQ by G (production trace), BR-0 / BR-H oracle: "
               + "; ".join(f"G={g}: {a} / {b}" for g, (a, b) in PAPER_SCALING.items()) + ".\n",

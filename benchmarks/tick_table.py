@@ -17,9 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from br_serve.bench.tick import run_bench
+from br_serve.core import policy_class
 
 REPLICAS = (4, 8, 16)
 POOLS = (64, 256, 1024, 4096)
+
+
+def _opts(policy: str, horizon: int) -> dict[str, Any]:
+    """The horizon for the policies that look ahead (their options have one)."""
+    return {"horizon": horizon} if policy_class(policy).needs.predictor else {}
 
 
 def main() -> int:
@@ -46,11 +52,12 @@ def main() -> int:
 
                     pred = make_predictor(pred_name, horizon=args.horizon)
                     _warm(pred, g)
-                r = run_bench(pol, g, n, horizon=args.horizon, ticks=args.ticks, predictor=pred,
-                              predictor_name=pred_name)
+                r = run_bench(pol, g, n, options=_opts(pol, args.horizon), ticks=args.ticks,
+                              predictor=pred, predictor_name=pred_name)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-    burst = [run_bench(p, 16, 1024, horizon=args.horizon, ticks=args.ticks, free_slots=16.0)
+    burst = [run_bench(p, 16, 1024, options=_opts(p, args.horizon), ticks=args.ticks,
+                       free_slots=16.0)
              for p in ("jsq", "br0", "brh")]
     meta: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version(),
             "loadavg_at_end": os.getloadavg()}

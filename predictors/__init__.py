@@ -1,4 +1,4 @@
-"""Termination predictors for BR-H (DESIGN section 5), built by name.
+"""Termination predictors for BR-H (docs/predictors.md), built by name.
 
 ``make_predictor(name, horizon=80, model_path=None, seed=0, **options)`` returns an
 object satisfying ``br_serve.core.predictor.TerminationPredictor``:
@@ -17,32 +17,36 @@ finish; :func:`warm_start` feeds a history of finished requests in one call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from br_serve.core.config import describe_validation_error
+from br_serve.config.errors import validated
 from br_serve.core.predictor import FinishedRequests, SurvivesWindow, TerminationPredictor
-
-_NAMES = ("survives", "survival", "exact", "oracle", "learned")
+from br_serve.core.registry import Registry
 
 M = TypeVar("M", bound=BaseModel)
 
+#: ``factory(horizon, model_path, rng, options) -> predictor``; options still loose.
+PredictorFactory = Callable[[int, str | None, np.random.Generator, Mapping[str, Any]],
+                            TerminationPredictor]
+
+#: The predictor family. Built-ins are registered below (their modules load lazily, so
+#: importing this package stays cheap); a qualified ``package.module.factory`` works too.
+PREDICTORS: Registry[PredictorFactory] = Registry("predictor")
+
 
 def predictor_names() -> tuple[str, ...]:
-    """Names :func:`make_predictor` accepts."""
-    return _NAMES
+    """Names :func:`make_predictor` accepts (qualified names aside)."""
+    return tuple(sorted(PREDICTORS.names()))
 
 
 def parse_options(model: type[M], options: Mapping[str, Any], owner: str) -> M:
     """Validate ``options`` into ``model``; ``ValueError("<owner>.<field>: ...")`` if bad."""
-    try:
-        return model(**options)
-    except ValidationError as exc:
-        raise ValueError(describe_validation_error(exc, owner)) from None
+    return validated(model, options, ValueError, owner)
 
 
 def make_predictor(name: str, *, horizon: int = 80, model_path: str | None = None,
@@ -59,37 +63,57 @@ def make_predictor(name: str, *, horizon: int = 80, model_path: str | None = Non
     """
     if horizon < 0:
         raise ValueError(f"horizon: must be >= 0 (got {horizon})")
-    rng = np.random.default_rng(seed)
-    if name == "survives":
-        _no_options(name, options)
-        return SurvivesWindow()
-    if name == "oracle":
-        _no_options(name, options)
-        from predictors.oracle import OraclePredictor
-
-        return OraclePredictor()
-    if name == "survival":
-        from predictors.survival import SurvivalConfig, SurvivalPredictor
-
-        return SurvivalPredictor(parse_options(SurvivalConfig, options, name), rng=rng)
-    if name == "exact":
-        from predictors.exact import ExactConfig, ExactMatchPredictor
-
-        return ExactMatchPredictor(parse_options(ExactConfig, options, name), rng=rng)
-    if name == "learned":
-        _no_options(name, options)
-        if not model_path:
-            raise ValueError("learned: needs model_path (a file written by "
-                             "`br-serve train-predictor --out FILE`)")
-        from predictors.learned import LearnedPredictor
-
-        return LearnedPredictor.load(model_path, horizon=horizon, rng=rng)
-    raise ValueError(f"unknown predictor {name!r}; known: {', '.join(_NAMES)}")
+    factory = PREDICTORS.get(name)
+    return factory(horizon, model_path, np.random.default_rng(seed), options)
 
 
 def _no_options(name: str, options: Mapping[str, Any]) -> None:
     if options:
         raise ValueError(f"{name}: takes no options (got {', '.join(sorted(options))})")
+
+
+@PREDICTORS.register("survives")
+def _survives(horizon: int, model_path: str | None, rng: np.random.Generator,
+              options: Mapping[str, Any]) -> TerminationPredictor:
+    _no_options("survives", options)
+    return SurvivesWindow()
+
+
+@PREDICTORS.register("oracle")
+def _oracle(horizon: int, model_path: str | None, rng: np.random.Generator,
+            options: Mapping[str, Any]) -> TerminationPredictor:
+    _no_options("oracle", options)
+    from predictors.oracle import OraclePredictor
+
+    return OraclePredictor()
+
+
+@PREDICTORS.register("survival")
+def _survival(horizon: int, model_path: str | None, rng: np.random.Generator,
+              options: Mapping[str, Any]) -> TerminationPredictor:
+    from predictors.survival import SurvivalConfig, SurvivalPredictor
+
+    return SurvivalPredictor(parse_options(SurvivalConfig, options, "survival"), rng=rng)
+
+
+@PREDICTORS.register("exact")
+def _exact(horizon: int, model_path: str | None, rng: np.random.Generator,
+           options: Mapping[str, Any]) -> TerminationPredictor:
+    from predictors.exact import ExactConfig, ExactMatchPredictor
+
+    return ExactMatchPredictor(parse_options(ExactConfig, options, "exact"), rng=rng)
+
+
+@PREDICTORS.register("learned")
+def _learned(horizon: int, model_path: str | None, rng: np.random.Generator,
+             options: Mapping[str, Any]) -> TerminationPredictor:
+    _no_options("learned", options)
+    if not model_path:
+        raise ValueError("learned: needs model_path (a file written by "
+                         "`br-serve train-predictor --out FILE`)")
+    from predictors.learned import LearnedPredictor
+
+    return LearnedPredictor.load(model_path, horizon=horizon, rng=rng)
 
 
 def finished_requests(prompt_tokens: npt.ArrayLike, output_tokens: npt.ArrayLike, *,
@@ -125,5 +149,5 @@ def warm_start(predictor: TerminationPredictor, prompt_tokens: npt.ArrayLike,
                                         prefix_hash=prefix_hash))
 
 
-__all__ = ["finished_requests", "make_predictor", "parse_options", "predictor_names",
-           "warm_start"]
+__all__ = ["PREDICTORS", "finished_requests", "make_predictor", "parse_options",
+           "predictor_names", "warm_start"]

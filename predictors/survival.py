@@ -1,4 +1,4 @@
-"""Empirical survival predictor (DESIGN section 5), updated online, bounded memory.
+"""Empirical survival predictor (docs/design.md, "Predictors"), updated online, bounded memory.
 
 From the observed output lengths ``o`` (per prompt-length bucket when configured):
 ``p_fin = P(o <= a + H | o > a)`` and ``mu_rem = E[o - a | a < o <= a + H]``, where

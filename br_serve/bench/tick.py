@@ -20,6 +20,7 @@ import argparse
 import json
 import platform
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -31,9 +32,10 @@ from br_serve.core import (
     PromptPool,
     RunningRequests,
     TerminationPredictor,
-    make_policy,
-    parse_policy_config,
+    build_policy,
+    predictor_horizon,
 )
+from br_serve.core.options import Options, as_dict
 
 
 def make_state(rng: np.random.Generator, replicas: int, slots: int, pool: int,
@@ -62,18 +64,23 @@ def make_state(rng: np.random.Generator, replicas: int, slots: int, pool: int,
     return snap, p
 
 
-def run_bench(policy: str, replicas: int, pool: int, *, horizon: int = 80,
+def run_bench(policy: str, replicas: int, pool: int, *,
+              options: Mapping[str, Any] | Options | None = None,
               slots: int = 16, ticks: int = 1000, states: int = 64, seed: int = 0,
               free_slots: float | None = None,
               predictor: TerminationPredictor | None = None,
               predictor_name: str = "survives") -> dict[str, Any]:
-    """Time ``ticks`` scheduling ticks and return the summary (microseconds)."""
+    """Time ``ticks`` scheduling ticks and return the summary (microseconds).
+
+    ``options`` are the policy's own options (validated by its options class).
+    """
     if ticks < 1 or states < 1:
         raise ValueError("ticks: must be >= 1")
     rng = np.random.default_rng(seed)
     built = [make_state(rng, replicas, slots, pool, free_slots) for _ in range(states)]
-    cfg = parse_policy_config(policy=policy, horizon=horizon)
-    pol = make_policy(cfg, PolicyContext(rng=np.random.default_rng(seed), predictor=predictor))
+    pol = build_policy(policy, options,
+                       PolicyContext(rng=np.random.default_rng(seed), predictor=predictor))
+    horizon = predictor_horizon(policy, pol.options)
     for i in range(min(50, ticks)):  # warm-up: caches, lazy imports
         snap, pl = built[i % states]
         pol.schedule(snap, pl, 0.0, 0)
@@ -91,8 +98,9 @@ def run_bench(policy: str, replicas: int, pool: int, *, horizon: int = 80,
         "policy": policy,
         "replicas": replicas,
         "pool": pool,
-        "horizon": horizon if policy == "brh" else None,
-        "predictor": predictor_name if policy == "brh" else None,
+        "horizon": horizon,
+        "predictor": predictor_name if horizon is not None else None,
+        "options": {k: v for k, v in as_dict(pol.options).items()},
         "slots": slots,
         "free_slots_mean": replicas / 4 if free_slots is None else free_slots,
         "ticks": ticks,
@@ -107,18 +115,21 @@ def run_bench(policy: str, replicas: int, pool: int, *, horizon: int = 80,
     }
 
 
-def _predictor(name: str, horizon: int) -> TerminationPredictor | None:
-    if name == "survives":
-        return None
-    from predictors import make_predictor  # the optional top-level package
-
-    pred: TerminationPredictor = make_predictor(name, horizon=horizon)
-    return pred
-
-
 def _cmd(args: argparse.Namespace) -> int:
-    pred = _predictor(args.predictor, args.horizon)
-    res = run_bench(args.policy, args.replicas, args.pool, horizon=args.horizon,
+    from br_serve.config.plan import parse_key_values
+    from br_serve.core import parse_policy_options
+
+    options = parse_key_values(args.policy_option)
+    if args.horizon is not None:
+        options["horizon"] = str(args.horizon)
+    opts = parse_policy_options(args.policy, options)
+    horizon = predictor_horizon(args.policy, opts)
+    pred = None
+    if horizon is not None and args.predictor != "survives":
+        from predictors import make_predictor
+
+        pred = make_predictor(args.predictor, horizon=horizon)
+    res = run_bench(args.policy, args.replicas, args.pool, options=opts,
                     slots=args.slots, ticks=args.ticks, seed=args.seed, predictor=pred,
                     predictor_name=args.predictor, free_slots=args.free_slots)
     if args.json:
@@ -134,9 +145,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--replicas", "-G", type=int, default=16)
     p.add_argument("--pool", "-N", type=int, default=1024)
     p.add_argument("--policy", default="br0")
-    p.add_argument("--horizon", type=int, default=80)
+    p.add_argument("--horizon", type=int, default=None,
+                   help="shorthand for --policy-option horizon=H")
+    p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the policy (repeatable), e.g. r_max=4")
     p.add_argument("--predictor", default="survives",
-                   help="for brh: survives (closed gate) or a predictors-package name")
+                   help="for a policy that uses one: survives (closed gate) or a "
+                   "predictor name")
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--free-slots", type=float, default=None,
                    help="mean free slots per tick (default G/4; >= G for a burst)")

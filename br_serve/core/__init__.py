@@ -1,11 +1,26 @@
-"""Pure scheduling core: no Ray, no asyncio, no I/O. Numpy and the standard library only.
+"""Pure scheduling core: no Ray, no asyncio, no I/O, no pydantic. Numpy and the standard
+library only (enforced by the import contracts in pyproject.toml).
 
-Public surface: the messages in :mod:`br_serve.core.types`, :class:`PromptPool`,
-:class:`PolicyConfig` / :func:`parse_policy_config`, :func:`make_policy` and the
-predictor contract.
+Public surface: the messages in :mod:`br_serve.core.types`, :class:`PromptPool`, the
+policy interface and registry (:func:`build_policy`, :class:`PolicyBase`,
+:func:`register_policy`), frozen option dataclasses (:mod:`br_serve.core.options`), the
+generic :class:`Registry` and the predictor contract.
 """
 
-from br_serve.core.config import ConfigError, PolicyConfig, parse_policy_config
+from br_serve.core.options import ConfigError, NoOptions, Options, option, parse_options
+from br_serve.core.policy import (
+    POLICIES,
+    Policy,
+    PolicyBase,
+    PolicyContext,
+    PolicyNeeds,
+    build_policy,
+    parse_policy_options,
+    policy_class,
+    policy_names,
+    predictor_horizon,
+    register_policy,
+)
 from br_serve.core.pool import PoolFullError, PromptPool
 from br_serve.core.predictor import (
     FinishedRequests,
@@ -14,7 +29,7 @@ from br_serve.core.predictor import (
     SurvivesWindow,
     TerminationPredictor,
 )
-from br_serve.core.registry import Policy, PolicyContext, make_policy, policy_names, register
+from br_serve.core.registry import Registry
 from br_serve.core.types import (
     UNLIMITED_TOKENS,
     Assignment,
@@ -25,25 +40,34 @@ from br_serve.core.types import (
 )
 
 __all__ = [
+    "POLICIES",
     "UNLIMITED_TOKENS",
     "Assignment",
     "ClusterSnapshot",
     "ConfigError",
     "FinishedRequests",
+    "NoOptions",
+    "Options",
     "OracleHook",
     "Policy",
-    "PolicyConfig",
+    "PolicyBase",
     "PolicyContext",
+    "PolicyNeeds",
     "PoolFullError",
     "PoolRequest",
     "Prediction",
     "PromptPool",
+    "Registry",
     "RunningRequests",
     "SurvivesWindow",
     "TerminationPredictor",
     "TickResult",
-    "make_policy",
-    "parse_policy_config",
+    "build_policy",
+    "option",
+    "parse_options",
+    "parse_policy_options",
+    "policy_class",
     "policy_names",
-    "register",
+    "predictor_horizon",
+    "register_policy",
 ]

@@ -1,4 +1,4 @@
-"""The F-score (DESIGN sections 3 and 4) and the quantities it is built from.
+"""The F-score (docs/design.md, "BR-0" and "BR-H") and the quantities it is built from.
 
 Pure numpy / Python. ``F_g(Q) = -dI``: the decrease of the barrier imbalance
 ``I = G * max_g L_g - sum_g L_g`` when a set of requests with total prompt ``D`` is

@@ -1,4 +1,4 @@
-"""The termination-predictor contract used by BR-H (DESIGN section 5).
+"""The termination-predictor contract used by BR-H (docs/predictors.md).
 
 A predictor answers, for every running request, ``p_fin`` (probability that it finishes
 within the next ``H`` steps) and ``mu_rem`` (mean remaining steps given that it does).
@@ -79,11 +79,15 @@ class SurvivesWindow:
 class OracleHook:
     """Reads the true remaining steps the simulator attaches to the snapshot.
 
+    ``reads_true_remaining`` is the opt-in capability that asks the simulator to fill
+    :attr:`RunningRequests.true_remaining_steps` (see :func:`reads_true_remaining`).
+
     Raises:
         ValueError: the snapshot has no ``true_remaining_steps`` (a real cluster).
     """
 
     name = "oracle"
+    reads_true_remaining = True
 
     def predict(self, running: RunningRequests, horizon_steps: int) -> Prediction:
         rem = running.true_remaining_steps
@@ -94,6 +98,14 @@ class OracleHook:
 
     def observe(self, finished: FinishedRequests) -> None:
         return None
+
+
+def reads_true_remaining(predictor: TerminationPredictor) -> bool:
+    """Whether ``predictor`` needs the true remaining steps in its snapshots (oracles).
+
+    An opt-in class attribute ``reads_true_remaining = True``; absent means False.
+    """
+    return bool(getattr(predictor, "reads_true_remaining", False))
 
 
 def validate_prediction(pred: Prediction, n: int) -> None:

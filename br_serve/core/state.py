@@ -7,8 +7,6 @@ held in numpy arrays, so stepping and snapshotting are vectorised.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import numpy.typing as npt
 
@@ -41,6 +39,7 @@ class ClusterState:
         kv_limit_tokens: int | npt.ArrayLike | None = None,
         step_a_s_per_token: float | npt.ArrayLike = 5e-7,
         step_b_s: float | npt.ArrayLike = 0.03,
+        step_c_s_per_request: float | npt.ArrayLike = 0.0,
     ) -> None:
         if replicas < 1:
             raise ValueError("replicas: must be >= 1")
@@ -55,6 +54,8 @@ class ClusterState:
         self.step_a = np.broadcast_to(np.asarray(step_a_s_per_token, dtype=np.float64),
                                       (replicas,)).copy()
         self.step_b = np.broadcast_to(np.asarray(step_b_s, dtype=np.float64),
+                                      (replicas,)).copy()
+        self.step_c = np.broadcast_to(np.asarray(step_c_s_per_request, dtype=np.float64),
                                       (replicas,)).copy()
         self.alive = np.ones(replicas, dtype=bool)
         b = int(self.slots.max())
@@ -144,12 +145,6 @@ class ClusterState:
         self.hash_ids[rid] = request.hash_ids if request else None
         self._where[rid] = (g, s)
 
-    def admit_many(self, assignments: Iterable[Assignment],
-                   requests: Iterable[PoolRequest] | None = None) -> None:
-        reqs = list(requests) if requests is not None else None
-        for k, a in enumerate(assignments):
-            self.admit(a, reqs[k] if reqs is not None else None)
-
     def advance(self, steps: int = 1) -> None:
         """Every running request decodes ``steps`` more tokens."""
         self.decoded += self.occupied * steps
@@ -184,9 +179,3 @@ class ClusterState:
         for rid in evicted:
             self.finish(rid)
         return evicted
-
-    def step_time_s(self, n_scale_c_s: float = 0.0) -> float:
-        """Barrier step time ``max_g (a_g L_g + c N_g + b_g)`` over alive replicas."""
-        per = (self.step_a * self.load_tokens() + n_scale_c_s * self.running_requests()
-               + self.step_b)
-        return float(per[self.alive].max()) if self.alive.any() else 0.0

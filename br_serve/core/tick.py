@@ -1,4 +1,4 @@
-"""The two-stage BalanceRoute tick (DESIGN section 3), shared by BR-0 and BR-H.
+"""The two-stage BalanceRoute tick (docs/design.md, "BR-0"), shared by BR-0 and BR-H.
 
 The tick works on a private copy of the replica totals and a "taken" set over the
 pool's prompt-sorted list; it never mutates the snapshot or the pool. What differs
@@ -17,7 +17,6 @@ Order of a tick:
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from typing import Protocol
 
@@ -217,5 +216,3 @@ def _best_subset(cands: list[int], sizes: list[int], sc: Scorer, max_n: int,
     single = max(range(len(cands)), key=lambda j: sc(float(sizes[cands[j]])))
     return [cands[single]], True
 
-
-ModelFactory = Callable[[ClusterSnapshot], MarginModel]

@@ -14,7 +14,7 @@ Contracts:
   ``admit`` checks the size (a wrong size means the transport lost data).
 - Output length is ``params.max_tokens`` (EOS never happens), counting the first token
   that prefill returns. Load of a request: ``prompt + decode steps run so far``.
-- ``step`` sleeps ``time_scale * (a * load + b)`` for this replica's own load: the caller
+- ``step`` sleeps ``time_scale * (a * load + c * running + b)`` for this replica alone: the caller
   then joins the barrier, so the slowest replica sets the step, as on real hardware.
 """
 
@@ -70,15 +70,17 @@ class EmulatedEngine:
 
     def __init__(self, kv_bytes_per_token: int = 16, step_a_s_per_token: float = 5e-7,
                  step_b_s: float = 0.03, time_scale: float = 1.0,
-                 prefill_base_s: float = 0.0, prefill_s_per_token: float = 0.0,
+                 prefill_p0_s: float = 0.0, prefill_p1_s_per_token: float = 0.0,
+                 step_c_s_per_request: float = 0.0,
                  vocab_size: int = 32000,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.step_a_s_per_token = step_a_s_per_token
         self.step_b_s = step_b_s
         self.time_scale = time_scale
-        self.prefill_base_s = prefill_base_s
-        self.prefill_s_per_token = prefill_s_per_token
+        self.step_c_s_per_request = step_c_s_per_request
+        self.prefill_p0_s = prefill_p0_s
+        self.prefill_p1_s_per_token = prefill_p1_s_per_token
         self.vocab_size = vocab_size
         self._sleep = sleep
         self._running: dict[str, _Running] = {}
@@ -96,7 +98,7 @@ class EmulatedEngine:
             raise ValueError("prompt: must contain at least one token")
         if params.max_tokens < 1:
             raise ValueError("max_tokens: must be >= 1")
-        delay = self.time_scale * (self.prefill_base_s + self.prefill_s_per_token * s)
+        delay = self.time_scale * (self.prefill_p0_s + self.prefill_p1_s_per_token * s)
         if delay > 0:
             self._sleep(delay)
         seed = request_seed(request_id, params)
@@ -123,7 +125,9 @@ class EmulatedEngine:
 
     def step_time_s(self) -> float:
         """Modelled compute time of the next step for this replica alone (scaled)."""
-        return self.time_scale * (self.step_a_s_per_token * self.load_tokens() + self.step_b_s)
+        return self.time_scale * (self.step_a_s_per_token * self.load_tokens()
+                                  + self.step_c_s_per_request * len(self._running)
+                                  + self.step_b_s)
 
     def step(self) -> list[TokenEvent]:
         delay = self.step_time_s()

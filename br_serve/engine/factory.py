@@ -1,12 +1,13 @@
 """Pick an engine by name (what the serving graph is built from); KV transports come
 from :mod:`br_serve.transport.factory`.
 
-Heavy or optional parts are imported lazily: the torch engine only for ``kind="torch"``,
+Heavy or optional parts are imported lazily: the torch engine only for ``engine="torch"``,
 the device helpers only off-CPU.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -15,51 +16,68 @@ from br_serve.engine.base import Engine
 
 
 class EngineSpec(BaseModel):
-    """What to build in every prefill worker and decode replica. Frozen.
+    """Which engine every prefill worker and decode replica runs. Frozen.
 
-    Emulated-only fields: ``kv_bytes_per_token``, ``step_a_s_per_token``, ``step_b_s``,
-    ``time_scale`` (multiplies every modelled duration), ``prefill_base_s`` and
-    ``prefill_s_per_token``. Torch-only: ``model_path`` (required), ``device``,
-    ``dtype``, ``max_batch``.
+    A mixin of the serving graph's configuration: the step and prefill time models
+    and the slot count live in :class:`~br_serve.config.ClusterConfig` (shared with the
+    simulator) and are passed to :func:`make_engine` beside this spec.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    kind: Literal["emulated", "torch"] = "emulated"
+    engine: Literal["emulated", "torch"] = "emulated"
+    """``emulated`` (time from the step model, runs anywhere) or ``torch`` (a local
+    Hugging Face causal LM)."""
     model_path: str | None = None
+    """torch: directory of the model (required)."""
     device: str = "cpu"
+    """torch: ``cpu``, ``cuda[:i]`` or ``npu[:i]``."""
     dtype: str = "float32"
+    """torch: parameter dtype."""
     kv_bytes_per_token: int = Field(default=16, ge=1)
-    step_a_s_per_token: float = Field(default=5e-7, ge=0)
-    step_b_s: float = Field(default=0.03, ge=0)
+    """emulated: bytes of KV payload per prompt token (what the transport moves)."""
     time_scale: float = Field(default=1.0, gt=0)
-    prefill_base_s: float = Field(default=0.0, ge=0)
-    prefill_s_per_token: float = Field(default=0.0, ge=0)
-    max_batch: int = Field(default=16, ge=1)
-    seed: int = 0
+    """emulated: multiplies every modelled duration (slow a run down to watch it)."""
 
     @model_validator(mode="after")
     def _torch_needs_model(self) -> EngineSpec:
-        if self.kind == "torch" and not self.model_path:
+        if self.engine == "torch" and not self.model_path:
             raise ValueError("model_path: required when engine is 'torch'")
         return self
 
 
-def make_engine(spec: EngineSpec) -> Engine:
-    """The engine ``spec`` describes (both the prefill and the decode half)."""
-    if spec.kind == "emulated":
+@dataclass(frozen=True, slots=True)
+class EngineTiming:
+    """The modelled durations of one replica's emulated engine (seconds)."""
+
+    step_a_s_per_token: float = 5e-7
+    step_b_s: float = 0.03
+    step_c_s_per_request: float = 0.0
+    prefill_p0_s: float = 0.0
+    prefill_p1_s_per_token: float = 0.0
+
+
+def make_engine(spec: EngineSpec, timing: EngineTiming | None = None, slots: int = 16,
+                seed: int = 0) -> Engine:
+    """The engine ``spec`` describes (both the prefill and the decode half).
+
+    ``timing`` drives the emulated engine; ``slots`` bounds a torch decode batch.
+    """
+    if spec.engine == "emulated":
         from br_serve.engine.emulated import EmulatedEngine
 
+        t = timing or EngineTiming()
         return EmulatedEngine(
             kv_bytes_per_token=spec.kv_bytes_per_token,
-            step_a_s_per_token=spec.step_a_s_per_token, step_b_s=spec.step_b_s,
-            time_scale=spec.time_scale, prefill_base_s=spec.prefill_base_s,
-            prefill_s_per_token=spec.prefill_s_per_token)
+            step_a_s_per_token=t.step_a_s_per_token, step_b_s=t.step_b_s,
+            step_c_s_per_request=t.step_c_s_per_request,
+            time_scale=spec.time_scale, prefill_p0_s=t.prefill_p0_s,
+            prefill_p1_s_per_token=t.prefill_p1_s_per_token)
     from br_serve.engine.torch_engine import TorchEngine
 
     assert spec.model_path is not None  # checked by EngineSpec
     return TorchEngine(spec.model_path, device=spec.device, dtype=spec.dtype,
-                       max_batch=spec.max_batch, seed=spec.seed)
+                       max_batch=slots, seed=seed)
 
 
 def collective_backend_for(device: str) -> str:

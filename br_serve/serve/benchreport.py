@@ -59,17 +59,17 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
     """Simulate ``cfg`` (step and prefill models scaled by ``time_scale``) on ``trace``,
     with ``extra_step_s`` of host overhead per step; ``model_throughput_tok_s`` prices the
     same steps without it."""
+    from br_serve.config import ClusterConfig
     from br_serve.sim import parse_sim_config, simulate
 
     ts = cfg.time_scale
-    scfg = parse_sim_config(
-        policy=cfg.policy, predictor=None if cfg.predictor == "survives" else cfg.predictor,
-        replicas=cfg.replicas, slots=cfg.slots, horizon=cfg.horizon, seed=cfg.seed,
-        step_a_s_per_token=cfg.step_a_s_per_token * ts,
-        step_b_s=cfg.step_b_s * ts + extra_step_s,
-        prefill_instances=cfg.prefill_replicas, prefill_p0_s=cfg.prefill_base_s * ts,
-        prefill_p1_s_per_token=cfg.prefill_s_per_token * ts,
-        pool_capacity=cfg.pool_capacity, admit_delay_steps=admit_delay_steps)
+    a, b, c = (tuple(x * ts for x in v) for v in cfg.coefficients(cfg.replicas))
+    shared = {k: getattr(cfg, k) for k in ClusterConfig.model_fields}
+    scfg = parse_sim_config(**{
+        **shared, "step_a_s_per_token": a, "step_b_s": tuple(x + extra_step_s for x in b),
+        "step_c_s_per_request": c, "prefill_p0_s": cfg.prefill_p0_s * ts,
+        "prefill_p1_s_per_token": cfg.prefill_p1_s_per_token * ts,
+        "pool_capacity": cfg.pool_capacity, "admit_delay_steps": admit_delay_steps})
     s = simulate(trace, scfg).summary()
     out = {k: s.get(k) for k in _SIM_KEYS}
     thr, tok = s["throughput_tok_s"], s["tokens_generated"]

@@ -12,10 +12,10 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from br_serve.core.config import describe_validation_error
-from br_serve.engine.factory import EngineSpec
+from br_serve.config import ClusterConfig, validated
+from br_serve.engine.factory import EngineSpec, EngineTiming
 
 #: Environment variable read for the API key when no ``api_key`` argument is given.
 API_KEY_ENV = "BR_SERVE_API_KEY"
@@ -25,72 +25,55 @@ class GraphConfigError(ValueError):
     """Invalid graph configuration; the message starts with the bad field's name."""
 
 
-class GraphConfig(BaseModel):
-    """Every option of the Ray Serve graph. Frozen after validation.
+class GraphConfig(ClusterConfig, EngineSpec):
+    """Every option of the Ray Serve graph: the cluster and router shared with the
+    simulator (:class:`~br_serve.config.ClusterConfig`), the engine
+    (:class:`~br_serve.engine.factory.EngineSpec`) and the serving options below.
+    Frozen after validation.
 
     Topology: ``replicas`` decode replica actors (G) in lock-step, ``prefill_replicas``
-    Serve replicas for prefill, one scheduler actor. ``pool_capacity`` bounds the
-    prompt pool (429 beyond it). ``max_context_tokens`` bounds prompt + max_tokens
-    (413 beyond it). ``api_key``: when set (or ``BR_SERVE_API_KEY`` is set), every
-    endpoint except ``/health`` needs ``Authorization: Bearer <key>``.
-    ``barrier_timeout_s`` bounds one collective: a dead peer is detected within it.
-    ``mooncake_master`` (``host:port``, used with ``transport=mooncake``): the Mooncake
-    master every prefill worker and decode replica connects to; unset, each process
-    reads ``MOONCAKE_MASTER`` from its own environment, else ``127.0.0.1:50051``.
-    ``device`` other than ``cpu`` makes every prefill and decode replica request one
-    accelerator from Ray (:meth:`replica_actor_options`).
+    Serve replicas for prefill, one scheduler actor. ``device`` other than ``cpu``
+    makes every prefill and decode replica request one accelerator from Ray
+    (:meth:`replica_actor_options`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    # the shared fields whose serving defaults differ from the simulator's
+    replicas: int = Field(default=4, ge=1, le=256)
+    """G: decode replica actors in lock-step."""
+    prefill_replicas: int = Field(default=2, ge=1, le=256)
+    """Serve replicas of the Prefill deployment."""
+    prefill_p0_s: float = Field(default=0.0, ge=0)
+    """emulated: seconds per prefill (0: as fast as the host allows)."""
+    prefill_p1_s_per_token: float = Field(default=0.0, ge=0)
+    """emulated: prefill seconds per prompt token."""
 
     app_name: str = "balance_route"
+    """Serve application name; also prefixes the named actors."""
     model: str = "br-emulated"
-    replicas: int = Field(default=4, ge=1, le=256)
-    prefill_replicas: int = Field(default=2, ge=1, le=256)
-    policy: str = "br0"
-    horizon: int = Field(default=80, ge=0, le=4096)
-    predictor: str = "survives"
-    predictor_model_path: str | None = None
-    slots: int = Field(default=16, ge=1, le=4096)
+    """The model id clients must send."""
     pool_capacity: int = Field(default=1024, ge=1)
+    """Prompt pool bound (429 beyond it)."""
     max_context_tokens: int = Field(default=131072, ge=2)
-    engine: Literal["emulated", "torch"] = "emulated"
-    model_path: str | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_bytes_per_token: int = Field(default=16, ge=1)
-    step_a_s_per_token: float = Field(default=5e-7, ge=0)
-    step_b_s: float = Field(default=0.03, ge=0)
-    time_scale: float = Field(default=1.0, gt=0)
-    prefill_base_s: float = Field(default=0.0, ge=0)
-    prefill_s_per_token: float = Field(default=0.0, ge=0)
+    """Bound on prompt + max_tokens."""
     transport: Literal["objref", "mooncake"] = "objref"
+    """KV transport: Ray object refs or a Mooncake store."""
     mooncake_master: str | None = None
+    """``host:port`` of the Mooncake master every prefill worker and decode replica
+    connects to (``transport=mooncake``); unset, each process reads
+    ``MOONCAKE_MASTER``, else ``127.0.0.1:50051``."""
     host: str = "127.0.0.1"
+    """HTTP bind address."""
     port: int = Field(default=8000, ge=0, le=65535)
+    """HTTP port."""
     api_key: str | None = None
+    """When set (or ``BR_SERVE_API_KEY`` is), every endpoint but ``/health`` needs
+    ``Authorization: Bearer <key>``."""
     barrier_timeout_s: float = Field(default=10.0, gt=0)
-    seed: int = 0
+    """Bound on one collective: a dead peer is detected within it."""
     namespace: str = "br_serve"
-
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, v: str) -> str:
-        from br_serve.core import policy_names
-
-        if v not in policy_names():
-            raise ValueError(f"unknown policy {v!r}; known: {', '.join(sorted(policy_names()))}")
-        return v
-
-    @field_validator("predictor")
-    @classmethod
-    def _known_predictor(cls, v: str) -> str:
-        from br_serve.serve.predictor import predictor_names
-
-        names = predictor_names()
-        if v not in names:
-            raise ValueError(f"unknown predictor {v!r}; known: {', '.join(sorted(names))}")
-        return v
+    """Ray namespace of the named actors."""
 
     @field_validator("api_key")
     @classmethod
@@ -108,6 +91,21 @@ class GraphConfig(BaseModel):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("expected host:port with a port in 1..65535")
         return v
+
+    @model_validator(mode="after")
+    def _live_predictor(self) -> GraphConfig:
+        horizon = self.predictor_horizon()
+        if self.predictor is not None and horizon is not None:
+            from br_serve.core.predictor import reads_true_remaining
+            from predictors import make_predictor
+
+            pred = make_predictor(self.predictor, horizon=horizon,
+                                  model_path=self.predictor_model_path, seed=self.seed,
+                                  **self.predictor_options)
+            if reads_true_remaining(pred):
+                raise ValueError(f"predictor: {self.predictor!r} reads true output "
+                                 "lengths, which only the simulator knows")
+        return self
 
     @field_validator("device")
     @classmethod
@@ -135,14 +133,12 @@ class GraphConfig(BaseModel):
         """The builder argument, else the environment variable, else no key."""
         return self.api_key or os.environ.get(API_KEY_ENV) or None
 
-    def engine_spec(self) -> EngineSpec:
-        return EngineSpec(
-            kind=self.engine, model_path=self.model_path, device=self.device,
-            dtype=self.dtype, kv_bytes_per_token=self.kv_bytes_per_token,
-            step_a_s_per_token=self.step_a_s_per_token, step_b_s=self.step_b_s,
-            time_scale=self.time_scale, prefill_base_s=self.prefill_base_s,
-            prefill_s_per_token=self.prefill_s_per_token, max_batch=self.slots,
-            seed=self.seed)
+    def engine_timing(self, replica: int) -> EngineTiming:
+        """The emulated engine's durations for decode replica ``replica`` (or a prefill
+        worker: pass 0), unscaled (the engine applies ``time_scale``)."""
+        a, b, c = self.coefficients(self.replicas)
+        return EngineTiming(a[replica], b[replica], c[replica], self.prefill_p0_s,
+                            self.prefill_p1_s_per_token)
 
 
 def parse_graph_config(data: Mapping[str, Any] | GraphConfig | None = None,
@@ -160,10 +156,8 @@ def parse_graph_config(data: Mapping[str, Any] | GraphConfig | None = None,
         base = dict(data)
     base.update(overrides)
     # "none"/"" from a command line mean "not given" for optional strings.
-    for key in ("model_path", "api_key", "predictor_model_path", "mooncake_master"):
+    for key in ("model_path", "api_key", "predictor", "predictor_model_path",
+                "mooncake_master"):
         if isinstance(base.get(key), str) and base[key].lower() in ("", "none", "null"):
             base[key] = None
-    try:
-        return GraphConfig(**base)
-    except ValidationError as exc:
-        raise GraphConfigError(describe_validation_error(exc)) from None
+    return validated(GraphConfig, base, GraphConfigError)

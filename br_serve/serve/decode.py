@@ -72,7 +72,8 @@ class DecodeReplica:
         self.index = index
         self.incarnation = uuid.uuid4().hex[:12]
         self.scheduler_name = scheduler_name
-        self.engine: DecodeEngine = make_engine(self.cfg.engine_spec())
+        self.engine: DecodeEngine = make_engine(self.cfg, self.cfg.engine_timing(index),
+                                                self.cfg.slots, self.cfg.seed)
         self.lease = KVLease(make_transport(self.cfg.transport, self.cfg.mooncake_master),
                              find_keeper=lambda: get_keeper(self.cfg.app_name,
                                                             self.cfg.namespace, 5.0))

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from br_serve.core import Assignment, ClusterSnapshot, PoolRequest
 from br_serve.core.pool import PoolTicket
@@ -57,12 +58,12 @@ class FinishedRow:
 
 
 class Mirror:
-    """``replicas`` replicas of ``slots`` slots; step model ``(a, b)`` per replica."""
+    """``replicas`` replicas of ``slots`` slots; ``step_model`` is ``(a, b, c)``."""
 
-    def __init__(self, replicas: int, slots: int, step_a_s_per_token: float,
-                 step_b_s: float) -> None:
+    def __init__(self, replicas: int, slots: int,
+                 step_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]) -> None:
         self.g = replicas
-        self.state = ClusterState(replicas, slots, None, step_a_s_per_token, step_b_s)
+        self.state = ClusterState(replicas, slots, None, *step_model)
         self.inflight: list[dict[str, InFlight]] = [{} for _ in range(replicas)]
         self.incarnation: list[str] = [""] * replicas
         # what the policy knows of a running request beyond its row (arrival, prefix

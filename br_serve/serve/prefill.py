@@ -35,7 +35,8 @@ class PrefillWorker:
         from br_serve.transport.keeper import get_keeper
 
         self.cfg = parse_graph_config(config)
-        self.engine: PrefillEngine = make_engine(self.cfg.engine_spec())
+        self.engine: PrefillEngine = make_engine(self.cfg, self.cfg.engine_timing(0),
+                                                 self.cfg.slots, self.cfg.seed)
         self.lease = KVLease(make_transport(self.cfg.transport, self.cfg.mooncake_master),
                              find_keeper=lambda: get_keeper(self.cfg.app_name,
                                                             self.cfg.namespace))

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from br_serve.core import FinishedRequests, Policy, PoolFullError, PoolRequest, PromptPool
+from br_serve.core import FinishedRequests, PolicyBase, PoolFullError, PoolRequest, PromptPool
 from br_serve.core.predictor import TerminationPredictor
 from br_serve.serve.membership import Membership
 from br_serve.serve.messages import Admission, AdmitReply, ReplicaReport
@@ -58,16 +59,19 @@ class ReportOutcome:
 
 
 class SchedulerCore:
-    """See the module docstring. ``clock`` gives seconds (enqueue stamps, ``now_s``)."""
+    """See the module docstring. ``step_model`` is ``(a, b, c)`` (seconds per token, per
+    step, per request; scalars or one per replica) with which the step counters price
+    each measured step; ``clock`` gives seconds (enqueue stamps, ``now_s``)."""
 
     def __init__(self, replicas: int, slots: int, pool_capacity: int,
-                 step_a_s_per_token: float, step_b_s: float, policy: Policy,
-                 detail: bool, predictor: TerminationPredictor | None = None,
+                 step_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike],
+                 policy: PolicyBase[Any], detail: bool,
+                 predictor: TerminationPredictor | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.g = replicas
         self.pool = PromptPool(pool_capacity)
         self.admissions: dict[str, Admission] = {}
-        self.mirror = Mirror(replicas, slots, step_a_s_per_token, step_b_s)
+        self.mirror = Mirror(replicas, slots, step_model)
         for g in range(replicas):  # alive once a ping says so
             self.mirror.state.set_alive(g, False)
         self.members = Membership(replicas)
@@ -163,9 +167,11 @@ class SchedulerCore:
         if (rep.barrier_loads and rep.members and rep.replica == rep.members[0]
                 and rep.generation == self.members.generation):
             loads = np.asarray(rep.barrier_loads, dtype=np.int64)
+            running = np.asarray(rep.barrier_running, dtype=np.int64)
             members = np.asarray(rep.members, dtype=np.int64)
             st = self.mirror.state
-            model_s = float((st.step_a[members] * loads + st.step_b[members]).max())
+            model_s = float((st.step_a[members] * loads + st.step_c[members] * running
+                             + st.step_b[members]).max())
             imb = self.stats.record_step(loads, int(sum(rep.barrier_running)),
                                          rep.compute_s + rep.barrier_s, model_s)
         return ReportOutcome(self.members.step_complete(rep), imb)

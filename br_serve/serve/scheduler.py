@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from br_serve.core import Policy, PolicyContext, make_policy, parse_policy_config
+from br_serve.core import PolicyBase, PolicyContext, policy_class
 from br_serve.core.predictor import TerminationPredictor
 from br_serve.serve.config import GraphConfig, parse_graph_config
 from br_serve.serve.messages import Admission, ReplicaReport
@@ -38,18 +38,22 @@ from br_serve.serve.sched_io import SchedulerIO
 PING_S_REPLACED = 60.0
 
 
-def build_policy(cfg: GraphConfig) -> tuple[Policy, TerminationPredictor | None, bool]:
+def build_policy(cfg: GraphConfig) -> tuple[PolicyBase[Any], TerminationPredictor | None,
+                                           bool]:
     """The policy of ``cfg``, its predictor (if it needs one) and whether it needs the
     per-request rows of the running requests."""
-    from br_serve.serve.predictor import make_predictor
+    cls = policy_class(cfg.policy)
+    horizon = cfg.predictor_horizon()
+    predictor: TerminationPredictor | None = None
+    if cfg.predictor is not None and horizon is not None:
+        from predictors import make_predictor
 
-    needs = cfg.policy == "brh"
-    predictor = (make_predictor(cfg.predictor, cfg.horizon, cfg.predictor_model_path,
-                                cfg.seed) if needs else None)
-    policy = make_policy(parse_policy_config(policy=cfg.policy, horizon=cfg.horizon),
-                         PolicyContext(rng=np.random.default_rng(cfg.seed),
-                                       predictor=predictor))
-    return policy, predictor, needs
+        predictor = make_predictor(cfg.predictor, horizon=horizon,
+                                   model_path=cfg.predictor_model_path, seed=cfg.seed,
+                                   **cfg.predictor_options)
+    policy = cls(cfg.policy_options_obj(), PolicyContext(
+        rng=np.random.default_rng(cfg.seed), predictor=predictor))
+    return policy, predictor, cls.needs.running_detail
 
 
 class Scheduler(SchedulerIO):
@@ -58,9 +62,8 @@ class Scheduler(SchedulerIO):
     def __init__(self, config: dict[str, Any], decode_names: list[str]) -> None:
         cfg = parse_graph_config(config)
         policy, predictor, detail = build_policy(cfg)
-        scale = cfg.time_scale
-        core = SchedulerCore(cfg.replicas, cfg.slots, cfg.pool_capacity,
-                             cfg.step_a_s_per_token * scale, cfg.step_b_s * scale, policy,
+        a, b, c = (np.asarray(x) * cfg.time_scale for x in cfg.coefficients(cfg.replicas))
+        core = SchedulerCore(cfg.replicas, cfg.slots, cfg.pool_capacity, (a, b, c), policy,
                              detail, predictor)
         self._io_init(cfg, decode_names, core)
 

@@ -1,8 +1,9 @@
 """``br-serve sim``: replay a trace through the simulator under several policies.
 
-Every combination of ``--policies`` x ``--replicas`` (and, for ``brh``, each name in
-``--predictor``) is one run; all runs share the trace, seed and cluster parameters.
-A policy entry ``brh:NAME`` pins that run's predictor.
+Every combination of ``--policies`` x ``--replicas`` (and, for a policy that uses a
+predictor, each name in ``--predictor``) is one run; all runs share the trace, seed and
+cluster parameters. A policy entry ``brh:NAME`` pins that run's predictor; a policy may
+be a qualified name (``package.module.Class``) of a policy outside this package.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
 
 
 def _csv(text: str) -> list[str]:
@@ -37,16 +37,15 @@ def _coef(name: str, text: str) -> float | tuple[float, ...]:
     return vals[0] if len(vals) == 1 else vals
 
 
-def _option(text: str) -> tuple[str, Any]:
-    key, sep, val = text.partition("=")
-    if not sep:
-        raise ValueError(f"--policy-option: expected KEY=VALUE, got {text!r}")
-    for conv in (int, float):
-        try:
-            return key, conv(val)
-        except ValueError:
-            pass
-    return key, val
+def _drift(text: str) -> tuple[int, int, float]:
+    """``"G@STEPxF"`` -> ``(G, STEP, F)``."""
+    try:
+        g, rest = text.split("@", 1)
+        step, factor = rest.split("x", 1)
+        return int(g), int(step), float(factor)
+    except ValueError:
+        raise ValueError(f"--step-drift: expected REPLICA@STEPxFACTOR, e.g. 3@5000x2.0, "
+                         f"got {text!r}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -66,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--policies", default="jsq,br0", help="comma list; brh:NAME pins a predictor")
     p.add_argument("--replicas", default="8", help="G, or a comma list")
     p.add_argument("--slots", type=int, default=16, help="B: requests per replica")
-    p.add_argument("--horizon", type=int, default=80)
+    p.add_argument("--horizon", type=int, default=None,
+                   help="shorthand for --policy-option horizon=H (policies with a horizon)")
     p.add_argument("--predictor", default=None,
                    help="predictor(s) for brh, comma list (survival, exact, oracle, ...)")
     p.add_argument("--predictor-model", default=None, help="model file for 'learned'")
@@ -76,16 +76,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-limit", type=int, default=None, help="KV tokens per replica")
     p.add_argument("--pool-capacity", type=int, default=65536)
-    p.add_argument("--prefill-instances", type=int, default=8)
+    p.add_argument("--prefill-replicas", type=int, default=8,
+                   help="prefill servers (trace-timed mode)")
     p.add_argument("--prefill-p0-s", type=float, default=0.02)
     p.add_argument("--prefill-p1-s", type=float, default=2e-5, help="seconds per prompt token")
     p.add_argument("--step-a", default="5e-7",
                    help="s per KV token; one value, or one per replica (comma list)")
     p.add_argument("--step-b", default="0.03",
                    help="s per step; one value, or one per replica (comma list)")
-    p.add_argument("--step-c", type=float, default=0.0, help="s per running request")
+    p.add_argument("--step-drift", action="append", default=[], metavar="G@STEPxF",
+                   help="replica G's steps take F times as long from decode step STEP on "
+                   "(repeatable), e.g. 3@5000x2.0")
+    p.add_argument("--step-noise-cv", type=float, default=0.0,
+                   help="per-step lognormal noise on each replica's step time (CV)")
+    p.add_argument("--step-c", default="0",
+                   help="s per running request; one value, or one per replica (comma list)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra policy config field (repeatable), e.g. r_max=4")
+                   help="policy option (repeatable): KEY for every listed policy that has "
+                   "it, POLICY.KEY for one, e.g. r_max=4 or brh.gamma=0.97")
     p.add_argument("--series-max-rows", type=int, default=200_000)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--progress", action="store_true", help="progress bar on stderr")
@@ -112,6 +120,7 @@ def fetch(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from br_serve.config.plan import parse_key_values, plan_policy_runs
     from br_serve.sim.config import parse_sim_config
     from br_serve.sim.engine import simulate
     from br_serve.sim.output import write_outputs
@@ -126,35 +135,33 @@ def run(args: argparse.Namespace) -> int:
     if trace.skipped_lines:
         print(f"sim: skipped {trace.skipped_lines} malformed line(s) in {args.trace}",
               file=sys.stderr)
-    options = dict(_option(o) for o in args.policy_option)
+    options = parse_key_values(args.policy_option)
+    if args.horizon is not None:
+        options.setdefault("horizon", str(args.horizon))
     history = load_trace(args.warm_start, skip_bad=args.skip_bad) if args.warm_start else None
     preds = _csv(args.predictor) if args.predictor else [None]
-    plan: list[tuple[str, str | None, int]] = []
-    for g in _ints("replicas", args.replicas):
-        for entry in _csv(args.policies):
-            pol, _, pinned = entry.partition(":")
-            if pinned:
-                plan.append((pol, pinned, g))
-            elif pol == "brh":
-                plan.extend((pol, pr, g) for pr in preds)
-            else:
-                plan.append((pol, None, g))
+    runs = plan_policy_runs(_csv(args.policies), options, preds)
+    plan = [(run, g) for g in _ints("replicas", args.replicas) for run in runs]
     results = []
-    for pol, pred, g in plan:
+    for run, g in plan:
         cfg = parse_sim_config(
-            policy=pol, predictor=pred, predictor_model_path=args.predictor_model,
+            policy=run.policy, policy_options=run.options, predictor=run.predictor,
+            predictor_model_path=args.predictor_model,
             replicas=g, slots=args.slots, kv_limit_tokens=args.kv_limit,
-            horizon=args.horizon, seed=args.seed, saturated=args.saturated,
+            seed=args.seed, saturated=args.saturated,
             step_a_s_per_token=_coef("step-a", args.step_a),
             step_b_s=_coef("step-b", args.step_b),
-            step_c_s_per_request=args.step_c, prefill_instances=args.prefill_instances,
+            step_c_s_per_request=_coef("step-c", args.step_c),
+            step_drift=tuple(_drift(d) for d in args.step_drift),
+            step_noise_cv=args.step_noise_cv,
+            prefill_replicas=args.prefill_replicas,
             prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
             pool_capacity=args.pool_capacity)
         t0 = time.perf_counter()
         predictor = build_predictor(cfg)
         if predictor is not None and history is not None:
             warm_start_from(predictor, history)
-        res = simulate(trace, cfg, options, predictor=predictor, progress=args.progress)
+        res = simulate(trace, cfg, predictor=predictor, progress=args.progress)
         s = res.summary()
         print(f"{cfg.label:>24} G={g:<3} imbalance {s['mean_imbalance_tokens'] or 0:>12,.0f} "
               f"thr {s['throughput_tok_s'] or 0:>9,.1f} tok/s (bound "

@@ -1,4 +1,4 @@
-"""The discrete-event decode simulator (DESIGN section 7).
+"""The discrete-event decode simulator (docs/simulator.md).
 
 Time advances by decode steps. Between two *events* (a request finishes; a prefill
 lands in the pool while a slot is free) nothing a policy could see changes except that
@@ -19,7 +19,6 @@ Conventions (see docs/simulator.md):
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 
@@ -32,31 +31,28 @@ from br_serve.core import (
     PromptPool,
     RunningRequests,
     TerminationPredictor,
-    make_policy,
-    parse_policy_config,
+    policy_class,
 )
+from br_serve.core.predictor import reads_true_remaining
 from br_serve.core.state import ClusterState
 from br_serve.sim.config import SimConfig
 from br_serve.sim.feed import BacklogFeeder, PrefillFeeder
-from br_serve.sim.predict import build_predictor
+from br_serve.sim.perturb import StepPerturbation
+from br_serve.sim.predict import build_predictor, prefix_hashes
 from br_serve.sim.result import SimResult, StepSeries
 from br_serve.traces import Trace
 
 _NEVER = np.iinfo(np.int64).max
 
 
-def _prefix_hashes(trace: Trace) -> list[int]:
-    if trace.hash_ids is None:
-        return [-1] * len(trace)
-    # Hash of the whole block list; tuples of ints hash the same in every process
-    # (no PYTHONHASHSEED salt for ints), so runs replay exactly.
-    return [hash(h) & ((1 << 62) - 1) if h else -1 for h in trace.hash_ids]
-
-
 class _Steps:
-    """Accumulates per-step columns, one numpy chunk per stretch."""
+    """Accumulates per-step columns, one numpy chunk per stretch.
 
-    def __init__(self) -> None:
+    ``perturb`` multiplies each replica's modelled step time by its drift and noise
+    factors (:mod:`br_serve.sim.perturb`)."""
+
+    def __init__(self, perturb: StepPerturbation | None = None) -> None:
+        self.perturb = perturb if perturb is not None and perturb.active else None
         self.chunks: dict[str, list[np.ndarray]] = {
             k: [] for k in ("tau_s", "balanced_tau_s", "max_load_tokens", "sum_load_tokens",
                             "imbalance_tokens", "running", "pool")}
@@ -64,7 +60,7 @@ class _Steps:
         self.sample_step: list[int] = []
         self.sample_loads: list[np.ndarray] = []
 
-    def stretch(self, st: ClusterState, load_i: np.ndarray, cnt_i: np.ndarray, c: float,
+    def stretch(self, st: ClusterState, load_i: np.ndarray, cnt_i: np.ndarray,
                 n: int, t: float, step: int, pool_len: int,
                 deadline_s: float | None) -> tuple[int, float]:
         """Record up to ``n`` steps from loads ``load_i`` / counts ``cnt_i``; stop early
@@ -75,9 +71,16 @@ class _Steps:
         cnt = (cnt_i if all_alive else cnt_i[alive]).astype(np.float64)
         a = st.step_a if all_alive else st.step_a[alive]
         b = st.step_b if all_alive else st.step_b[alive]
+        c = st.step_c if all_alive else st.step_c[alive]
         base = a * load + (c * cnt + b)
+        pf = None
+        if self.perturb is not None:
+            pf = self.perturb.factors(step, n)
+            pf = pf if all_alive else pf[alive]
         ch = self.chunks
         if n == 1:  # the common case between close events: no 2-D work
+            if pf is not None:
+                base = base * pf[:, 0]
             tau1 = float(base.max())
             mx = float(load.max())
             sm = float(load.sum())
@@ -91,6 +94,8 @@ class _Steps:
             j = np.arange(n, dtype=np.float64)
             loads = load[:, None] + cnt[:, None] * j[None, :]
             per = base[:, None] + (a * cnt)[:, None] * j[None, :]
+            if pf is not None:
+                per = per * pf
             tau = per.max(axis=0)
             ends = t + np.cumsum(tau)
             if deadline_s is not None:
@@ -196,13 +201,13 @@ class _Lag:
                 self.pending[rid] = (g, p, left - 1)
 
 
-def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | None = None,
-             *, predictor: TerminationPredictor | None = None,
+def simulate(trace: Trace, config: SimConfig, *,
+             predictor: TerminationPredictor | None = None,
              progress: bool = False) -> SimResult:
     """Run ``trace`` through the PD model under ``config``; deterministic for a seed.
 
-    ``policy_options`` are extra :class:`PolicyConfig` fields (e.g. ``r_max``);
-    ``predictor`` overrides ``config.predictor`` (an instance, e.g. warm-started).
+    The policy is ``config.policy`` with ``config.policy_options``; ``predictor``
+    overrides ``config.predictor`` (an instance, e.g. warm-started).
 
     Raises:
         ValueError: a bad policy option (named), an unknown predictor, or a prompt that
@@ -218,19 +223,17 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
         bad = int(np.argmax(prompt > kv))
         raise ValueError(f"kv_limit_tokens: request {bad} has a {int(prompt[bad])}-token "
                          f"prompt, more than the limit {kv}")
-    opts = dict(policy_options or {})
-    opts.setdefault("horizon", config.horizon)
-    pcfg = parse_policy_config(opts, policy=config.policy)
+    cls = policy_class(config.policy)
     pred = predictor if predictor is not None else build_predictor(config)
-    policy = make_policy(pcfg, PolicyContext(rng=np.random.default_rng(config.seed),
-                                             predictor=pred, clock=lambda: 0.0))
-    detail = config.policy == "brh"
-    oracle = detail and pred is not None and pred.name == "oracle"
+    policy = cls(config.policy_options_obj(),
+                 PolicyContext(rng=np.random.default_rng(config.seed), predictor=pred,
+                               clock=lambda: 0.0))
+    detail = cls.needs.running_detail
+    oracle = detail and pred is not None and reads_true_remaining(pred)
 
-    st = ClusterState(g, config.slots, kv, config.step_a_s_per_token, config.step_b_s)
-    c = config.step_c_s_per_request
+    st = ClusterState(g, config.slots, kv, *config.coefficients(g))
     arrival = trace.arrival_s if not config.saturated else np.zeros(n)
-    prefix = _prefix_hashes(trace)
+    prefix = prefix_hashes(trace.hash_ids, n)
     hids = trace.hash_ids
     prompt_l = prompt.tolist()
     output_l = output.tolist()
@@ -246,7 +249,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
     if config.saturated:
         feeder = BacklogFeeder(n, make)
     else:
-        feeder = PrefillFeeder(arrival, prompt, config.prefill_instances, config.prefill_p0_s,
+        feeder = PrefillFeeder(arrival, prompt, config.prefill_replicas, config.prefill_p0_s,
                                config.prefill_p1_s_per_token, make)
 
     admit_step = np.full(n, -1, dtype=np.int64)
@@ -254,7 +257,8 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
     enqueue_s = np.full(n, np.nan)
     tick_ns: list[int] = []
     pred_failed = 0
-    steps = _Steps()
+    steps = _Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
+                                    config.seed))
     t, k = 0.0, 0
     steady_steps: int | None = None
     changed = True
@@ -320,7 +324,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
         # one step at a time while any request waits: its delay ends at the next one
         todo = 1 if lag.pending else min(rem, config.max_stretch_steps)
         deadline = feeder.next_event_s() if fast.free(cnt) > 0 else None
-        took, t = steps.stretch(st, step_load, step_cnt, c, todo, t, k, len(pool),
+        took, t = steps.stretch(st, step_load, step_cnt, todo, t, k, len(pool),
                                 deadline)
         st.advance(took)
         lag.stepped(st)
@@ -347,7 +351,7 @@ def simulate(trace: Trace, config: SimConfig, policy_options: dict[str, Any] | N
         bar.close()
     series = steps.series()
     return SimResult(
-        config=config, policy_options=opts, predictor_name=None if pred is None else pred.name,
+        config=config, predictor_name=None if pred is None else pred.name,
         source=trace.source, arrival_s=np.asarray(arrival, dtype=np.float64),
         output_tokens=np.asarray(output), admit_step=admit_step, replica=replica,
         enqueue_s=enqueue_s, steps=series, tick_ns=np.asarray(tick_ns, dtype=np.int64),

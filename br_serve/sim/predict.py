@@ -1,51 +1,46 @@
-"""Build a termination predictor by name for the simulator.
-
-Uses ``predictors.make_predictor`` (the top-level ``predictors`` package) when it is
-installed; otherwise only the core's built-ins are available (``survives``, ``oracle``).
-"""
+"""The predictor of a simulated run, built by name through ``predictors.make_predictor``."""
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
-from br_serve.core import FinishedRequests, OracleHook, SurvivesWindow, TerminationPredictor
+from br_serve.core import FinishedRequests, TerminationPredictor
 from br_serve.sim.config import SimConfig
 from br_serve.traces import Trace
 
 
 def build_predictor(config: SimConfig) -> TerminationPredictor | None:
-    """The predictor ``config.predictor`` names, or None when it names none.
+    """The predictor ``config.predictor`` names for a policy that needs one, else None.
 
     Raises:
-        ValueError: an unknown name (listing the known ones), or ``learned`` without
-            ``predictor_model_path``.
+        ValueError: an unknown name (listing the known ones), a bad predictor option, or
+            ``learned`` without ``predictor_model_path``.
     """
-    name = config.predictor
-    if name is None:
+    horizon = config.predictor_horizon()
+    if config.predictor is None or horizon is None:
         return None
-    try:
-        make_predictor = importlib.import_module("predictors").make_predictor
-    except (ImportError, AttributeError):
-        builtin: dict[str, type[SurvivesWindow] | type[OracleHook]] = {
-            "survives": SurvivesWindow, "oracle": OracleHook}
-        if name not in builtin:
-            raise ValueError(f"predictor: {name!r} needs the 'predictors' package, which is "
-                             f"not installed; built-in: {', '.join(builtin)}") from None
-        return builtin[name]()
-    pred: TerminationPredictor = make_predictor(
-        name, horizon=config.horizon, model_path=config.predictor_model_path,
-        seed=config.seed)
-    return pred
+    from predictors import make_predictor
+
+    return make_predictor(config.predictor, horizon=horizon,
+                          model_path=config.predictor_model_path, seed=config.seed,
+                          **config.predictor_options)
+
+
+def prefix_hashes(hash_ids: tuple[tuple[int, ...] | None, ...] | None, n: int) -> list[int]:
+    """One int key per request from its ``hash_ids`` (-1: none).
+
+    Hash of the whole block list; tuples of ints hash the same in every process (no
+    PYTHONHASHSEED salt for ints), so runs replay exactly.
+    """
+    if hash_ids is None:
+        return [-1] * n
+    return [hash(h) & ((1 << 62) - 1) if h else -1 for h in hash_ids]
 
 
 def warm_start_from(predictor: TerminationPredictor, trace: Trace) -> None:
     """Feed every request of ``trace`` to ``predictor`` as finished history."""
     n = len(trace)
-    hids = trace.hash_ids
-    prefix = np.asarray([hash(h) & ((1 << 62) - 1) if h else -1 for h in hids]
-                        if hids is not None else np.full(n, -1), dtype=np.int64)
     predictor.observe(FinishedRequests(
         prompt_tokens=trace.input_tokens, output_tokens=trace.output_tokens,
-        prefix_hash=prefix, finish_s=np.zeros(n), hash_ids=hids))
+        prefix_hash=np.asarray(prefix_hashes(trace.hash_ids, n), dtype=np.int64),
+        finish_s=np.zeros(n), hash_ids=trace.hash_ids))

@@ -1,6 +1,6 @@
 """What a simulated run produced, and the summary metrics derived from it.
 
-Windows (DESIGN section 7): in saturated mode the headline metrics cover the steady
+Windows (docs/simulator.md): in saturated mode the headline metrics cover the steady
 window, steps ``[0, steady_steps)`` (until the pool first runs empty); the drain after
 it is reported under ``drain_*``. In trace-timed mode the whole run counts.
 """
@@ -55,7 +55,6 @@ class SimResult:
     steps ``admit_step[i] .. admit_step[i] + output_tokens[i] - 1``."""
 
     config: SimConfig
-    policy_options: dict[str, Any]
     predictor_name: str | None
     source: str
     arrival_s: np.ndarray
@@ -165,7 +164,7 @@ class SimResult:
             "wall_s": self.wall_s,
             "steps_per_s": total / self.wall_s if self.wall_s > 0 else None,
             "seed": cfg.seed,
-            "horizon": cfg.horizon,
-            "policy_options": {k: v for k, v in self.policy_options.items()},
+            "horizon": cfg.predictor_horizon(),
+            "policy_options": dict(cfg.policy_options),
         }
         return out

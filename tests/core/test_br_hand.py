@@ -12,8 +12,7 @@ from br_serve.core import (
     Prediction,
     PromptPool,
     RunningRequests,
-    make_policy,
-    parse_policy_config,
+    build_policy,
 )
 
 
@@ -27,7 +26,7 @@ def pool_of(sizes: list[int], enq_tick: int = 0) -> PromptPool:
 def test_stage2_fills_the_margin_exactly() -> None:
     # G=3, loads 1000/700/1000, one free slot on replica 1 (margin 300).
     cluster = ClusterSnapshot.build([1000, 700, 1000], [4, 3, 4], 4)
-    pol = make_policy(parse_policy_config(policy="br0"))
+    pol = build_policy("br0")
     res = pol.schedule(cluster, pool_of([50, 290, 310, 2000]), 0.0, 0)
     # F(290) = 290; F(310) = 310 - 3*10 = 280; F(50) = 50 -> take 290.
     assert [(a.request_id, a.replica) for a in res.assignments] == [("r1", 1)]
@@ -37,7 +36,7 @@ def test_stage2_fills_the_margin_exactly() -> None:
 def test_stage2_takes_a_subset_that_fits_the_margin() -> None:
     # Margin 300, two free slots: 100 + 190 = 290 beats any single request.
     cluster = ClusterSnapshot.build([1000, 700, 1000], [4, 2, 4], 4)
-    pol = make_policy(parse_policy_config(policy="br0", r_max=4))
+    pol = build_policy("br0", dict(r_max=4))
     res = pol.schedule(cluster, pool_of([100, 190, 280, 5000]), 0.0, 0)
     got = sorted(a.request_id for a in res.assignments)
     # {100,190}=290 < {280}=280? no: 290 > 280, and {100,190,280} overflows.
@@ -47,7 +46,7 @@ def test_stage2_takes_a_subset_that_fits_the_margin() -> None:
 def test_starvation_guard_assigns_least_bad_request() -> None:
     # All loads equal: margin 0, every admission overflows; the guard picks the smallest.
     cluster = ClusterSnapshot.build([500, 500], [1, 2], 2)
-    pol = make_policy(parse_policy_config(policy="br0"))
+    pol = build_policy("br0")
     res = pol.schedule(cluster, pool_of([900, 40, 300]), 0.0, 0)
     assert [(a.request_id, a.replica) for a in res.assignments] == [("r1", 0)]
     assert res.guard == 1
@@ -62,17 +61,17 @@ def test_aged_request_goes_first_to_best_replica() -> None:
         pool.remove(f"n{i}")
     pool.add(PoolRequest("new", 800, enqueued_tick=40))
     assert [o for _, o in pool.fcfs_overtaken()] == [3, 0]
-    starving = parse_policy_config(policy="br0", max_wait_ticks=32, max_overtakes=3)
-    res = make_policy(starving).schedule(cluster, pool, 0.0, 40)
+    starving = build_policy("br0", {"max_wait_ticks": 32, "max_overtakes": 3})
+    res = starving.schedule(cluster, pool, 0.0, 40)
     assert res.assignments[0].request_id == "old"
     assert res.assignments[0].replica == 1  # F higher where the margin is
     assert res.aged == 1
     # Waited long but not overtaken enough: not starving, F decides (old overflows).
-    patient = parse_policy_config(policy="br0", max_wait_ticks=32, max_overtakes=4)
-    res = make_policy(patient).schedule(cluster, pool, 0.0, 40)
+    patient = build_policy("br0", {"max_wait_ticks": 32, "max_overtakes": 4})
+    res = patient.schedule(cluster, pool, 0.0, 40)
     assert res.aged == 0 and res.assignments[0].request_id == "new"
     # Overtaken enough but not waited long: not starving either.
-    res = make_policy(starving).schedule(cluster, pool, 0.0, 31)
+    res = starving.schedule(cluster, pool, 0.0, 31)
     assert res.aged == 0
 
 
@@ -82,8 +81,7 @@ def test_brh_sees_a_finishing_request() -> None:
     running = RunningRequests.build([0, 1], [1000, 1000], [0, 0],
                                     true_remaining_steps=[2, 10_000])
     cluster = ClusterSnapshot.build([1000, 1000], [1, 1], 2, running=running)
-    brh = make_policy(parse_policy_config(policy="brh", horizon=20),
-                      PolicyContext(predictor=OracleHook()))
+    brh = build_policy("brh", {"horizon": 20}, PolicyContext(predictor=OracleHook()))
     res = brh.schedule(cluster, pool_of([900]), 0.0, 0)
     assert res.assignments[0].replica == 0
     assert res.predictor_ok
@@ -102,8 +100,8 @@ def test_brh_gate_and_failure_fall_back_to_closed_gate() -> None:
         def observe(self, finished: object) -> None:
             return None
 
-    pol = make_policy(parse_policy_config(policy="brh", horizon=10),
-                      PolicyContext(predictor=Raises()))  # type: ignore[arg-type]
+    pol = build_policy("brh", {"horizon": 10},
+                       PolicyContext(predictor=Raises()))  # type: ignore[arg-type]
     res = pol.schedule(cluster, pool_of([100]), 0.0, 0)
     assert not res.predictor_ok and len(res.assignments) == 1
 
@@ -119,10 +117,8 @@ def test_brh_gate_and_failure_fall_back_to_closed_gate() -> None:
 
     def run(elapsed_s: float) -> bool:
         ticks = iter([0.0, elapsed_s])
-        pol = make_policy(parse_policy_config(policy="brh", horizon=10,
-                                              predictor_timeout_s=0.5),
-                          PolicyContext(predictor=FinishesNow(),
-                                        clock=lambda: next(ticks)))
+        pol = build_policy("brh", {"horizon": 10, "predictor_timeout_s": 0.5},
+                           PolicyContext(predictor=FinishesNow(), clock=lambda: next(ticks)))
         return pol.schedule(cluster, pool_of([100]), 0.0, 0).predictor_ok
 
     assert run(0.1)  # answered in time: used

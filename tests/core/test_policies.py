@@ -16,8 +16,9 @@ from br_serve.core import (
     PolicyContext,
     PoolRequest,
     PromptPool,
-    make_policy,
-    parse_policy_config,
+    build_policy,
+    parse_policy_options,
+    policy_class,
     policy_names,
 )
 from br_serve.core.policies.br0 import ScalarScorer
@@ -25,6 +26,11 @@ from br_serve.core.tick import _best_subset
 from tests.core.strategies import random_state, states
 
 ALL = sorted(policy_names())
+
+
+def _horizon(name: str, h: int) -> dict[str, int]:
+    """A short window for the policies that look ahead (their options have one)."""
+    return {"horizon": h} if policy_class(name).needs.predictor else {}
 
 
 def test_registry_has_every_named_policy() -> None:
@@ -37,8 +43,7 @@ def test_registry_has_every_named_policy() -> None:
 @given(st_=states(kv=True, dead=True))
 def test_hard_limits(name: str, st_: tuple[ClusterSnapshot, PromptPool]) -> None:
     cluster, pool = st_
-    pol = make_policy(parse_policy_config(policy=name, horizon=8),
-                      PolicyContext(rng=np.random.default_rng(0)))
+    pol = build_policy(name, _horizon(name, 8), PolicyContext(rng=np.random.default_rng(0)))
     res = pol.schedule(cluster, pool, now_s=0.0, tick=0)
     ids = [a.request_id for a in res.assignments]
     assert len(ids) == len(set(ids)), "a request assigned twice"
@@ -62,8 +67,7 @@ def test_work_conserving_without_kv_limit(name: str,
                                           st_: tuple[ClusterSnapshot, PromptPool]) -> None:
     """No KV limit: every free slot is filled while the pool has requests."""
     cluster, pool = st_
-    pol = make_policy(parse_policy_config(policy=name, horizon=8),
-                      PolicyContext(rng=np.random.default_rng(0)))
+    pol = build_policy(name, _horizon(name, 8), PolicyContext(rng=np.random.default_rng(0)))
     res = pol.schedule(cluster, pool, now_s=0.0, tick=0)
     assert len(res.assignments) == min(len(pool), int(cluster.free_slots.sum()))
 
@@ -76,9 +80,8 @@ def test_brh_h0_equals_br0(st_: tuple[ClusterSnapshot, PromptPool], s_greedy: in
     cluster, pool = st_
     g_alive = int(cluster.alive.sum())
     common: dict[str, object] = {"s_greedy": s_greedy, "r_max": r_max}
-    br0 = make_policy(parse_policy_config(policy="br0", **common))
-    brh = make_policy(parse_policy_config(policy="brh", horizon=0, alpha=1.0,
-                                          beta=float(g_alive), **common))
+    br0 = build_policy("br0", common)
+    brh = build_policy("brh", {"horizon": 0, "alpha": 1.0, "beta": float(g_alive), **common})
     a = br0.schedule(cluster, pool, 0.0, 0)
     b = brh.schedule(cluster, pool, 0.0, 0)
     assert a.assignments == b.assignments
@@ -113,8 +116,8 @@ def test_stage2_subset_is_brute_force_optimum(sizes: list[int], margin: int, g: 
 def test_same_seed_same_assignments(name: str) -> None:
     def run(seed: int) -> list[tuple[str, int]]:
         rng = np.random.default_rng(123)
-        pol = make_policy(parse_policy_config(policy=name, horizon=16),
-                          PolicyContext(rng=np.random.default_rng(seed)))
+        pol = build_policy(name, _horizon(name, 16),
+                           PolicyContext(rng=np.random.default_rng(seed)))
         out = []
         for tick in range(5):
             cluster, pool = random_state(rng, 8, 8, 64)
@@ -132,10 +135,9 @@ def test_every_request_assigned_within_bounded_ticks(name: str) -> None:
     fill) ticks: the ageing rule bounds how far BR may reorder the pool."""
     rng = np.random.default_rng(5)
     g, slots, cap, max_wait, max_over = 4, 4, 24, 8, 16
-    pol = make_policy(parse_policy_config(policy=name, max_wait_ticks=max_wait,
-                                          max_wait_s=1e9, max_overtakes=max_over,
-                                          horizon=4),
-                      PolicyContext(rng=np.random.default_rng(1)))
+    ageing = {"max_wait_ticks": max_wait, "max_wait_s": 1e9, "max_overtakes": max_over}
+    pol = build_policy(name, {**_horizon(name, 4), **(ageing if name in ("br0", "brh") else {})},
+                       PolicyContext(rng=np.random.default_rng(1)))
     pool = PromptPool(capacity=cap)
     running: list[list[int]] = [[] for _ in range(g)]
     enq: dict[str, int] = {}
@@ -167,14 +169,24 @@ def test_every_request_assigned_within_bounded_ticks(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("horizon", -1), ("gamma", 0.0), ("gamma", 1.5), ("r_max", 0), ("policy", "nope"),
-     ("s_greedy", -2), ("max_wait_s", 0.0)],
+    [("horizon", -1), ("gamma", 0.0), ("gamma", 1.5), ("r_max", 0), ("s_greedy", -2),
+     ("max_wait_s", 0.0), ("horizon", "soon"), ("alpha", True), ("beta", -1.0)],
 )
 def test_bad_config_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"^{field}:"):
-        parse_policy_config(**{field: value})
+        parse_policy_options("brh", {field: value})
 
 
-def test_unknown_option_is_rejected() -> None:
+def test_unknown_policy_and_option_are_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"^policy: unknown 'nope'"):
+        build_policy("nope")
     with pytest.raises(ConfigError, match=r"^horizn:"):
-        parse_policy_config(horizn=3)
+        parse_policy_options("brh", {"horizn": 3})
+    with pytest.raises(ConfigError, match=r"^r_max:"):  # jsq has no options at all
+        build_policy("jsq", {"r_max": 3})
+
+
+def test_options_coerce_command_line_strings() -> None:
+    opts = parse_policy_options("brh", {"horizon": "40", "beta": "none", "gamma": "0.9"})
+    assert (opts.horizon, opts.beta, opts.gamma) == (40, None, 0.9)  # type: ignore[attr-defined]
+    assert opts.replace(horizon="8").horizon == 8  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """The predictors as BR-H sees them: the confidence gate and failure fallback.
 
-Uses the core's ``brh`` policy unchanged (``make_policy`` with an injected clock).
+Uses the core's ``brh`` policy unchanged (``build_policy`` with an injected clock).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from br_serve.core import (
     PoolRequest,
     PromptPool,
     RunningRequests,
-    make_policy,
-    parse_policy_config,
+    build_policy,
 )
 from br_serve.core.predictor import FinishedRequests, Prediction
 from predictors import make_predictor, warm_start
@@ -65,8 +64,8 @@ def _cluster() -> ClusterSnapshot:
 
 
 def _brh(predictor: object, clock: Callable[[], float] = lambda: 0.0) -> Any:
-    cfg = parse_policy_config(policy="brh", horizon=H)
-    return make_policy(cfg, PolicyContext(predictor=predictor, clock=clock))  # type: ignore[arg-type]
+    return build_policy("brh", {"horizon": H},
+                        PolicyContext(predictor=predictor, clock=clock))  # type: ignore[arg-type]
 
 
 def _closed_loads() -> np.ndarray:

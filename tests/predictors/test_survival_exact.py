@@ -112,7 +112,7 @@ def test_exact_uses_prefix_hash_without_hash_ids_and_evicts_old_keys() -> None:
 
 
 def test_unknown_name_and_bad_options_are_named() -> None:
-    with pytest.raises(ValueError, match=r"unknown predictor 'nope'.*survival"):
+    with pytest.raises(ValueError, match=r"^predictor: unknown 'nope'.*survival"):
         make_predictor("nope")
     with pytest.raises(ValueError, match=r"survival\.max_samples"):
         make_predictor("survival", max_samples=0)

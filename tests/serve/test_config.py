@@ -17,9 +17,11 @@ def test_defaults_match_the_issue() -> None:
 
 
 def test_command_line_strings_are_coerced() -> None:
-    cfg = parse_graph_config({"replicas": "8", "policy": "brh", "horizon": "40",
-                              "api_key": "none"})
-    assert cfg.replicas == 8 and cfg.policy == "brh" and cfg.horizon == 40
+    cfg = parse_graph_config({"replicas": "8", "policy": "brh",
+                              "policy_options": '{"horizon": "40"}', "api_key": "none",
+                              "predictor": "survival"})
+    assert cfg.replicas == 8 and cfg.policy == "brh" and cfg.policy_options["horizon"] == 40
+    assert cfg.predictor_horizon() == 40 and cfg.predictor == "survival"
     assert cfg.api_key is None
 
 
@@ -32,6 +34,12 @@ def test_command_line_strings_are_coerced() -> None:
     ({"slots": "many"}, "slots"),
     ({"replica": 4}, "replica"),  # typo: unknown argument
     ({"api_key": "  "}, "api_key"),
+    ({"policy_options": {"r_max": 0}}, "policy_options.r_max"),
+    ({"policy": "jsq", "policy_options": '{"horizon": 3}'}, "policy_options.horizon"),
+    ({"policy_options": "{not json"}, "policy_options"),
+    ({"policy": "br0", "predictor": "survival"}, "predictor"),  # br0 uses no predictor
+    ({"policy": "brh", "predictor": "oracle"}, "predictor"),  # the simulator's only
+    ({"step_b_s": "0.1,0.2"}, "step_b_s"),  # 2 values for 4 replicas
 ])
 def test_bad_argument_names_the_field(args: dict[str, object], field: str) -> None:
     with pytest.raises(GraphConfigError) as info:
@@ -55,11 +63,13 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_engine_spec_and_factories() -> None:
     with pytest.raises(ValueError, match="model_path"):
-        EngineSpec(kind="torch")
+        EngineSpec(engine="torch")
     from br_serve.engine.emulated import EmulatedEngine
 
-    eng = make_engine(parse_graph_config(kv_bytes_per_token=3).engine_spec())
-    assert isinstance(eng, EmulatedEngine) and eng.kv_bytes_per_token == 3
+    cfg = parse_graph_config(kv_bytes_per_token=3, step_b_s="0.1,0.2,0.3,0.4")
+    eng = make_engine(cfg, cfg.engine_timing(2))
+    assert isinstance(eng, EmulatedEngine)
+    assert eng.kv_bytes_per_token == 3 and eng.step_b_s == 0.3
     assert make_transport("objref").name == "objref"
     with pytest.raises(ValueError, match="transport"):
         make_transport("smoke-signals")

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from br_serve.core import make_policy, parse_policy_config
+from br_serve.core import build_policy
 from br_serve.engine.base import SamplingParams
 from br_serve.engine.emulated import EmulatedEngine
 from br_serve.serve.messages import Admission, AdmitReply, ReplicaReport
@@ -88,9 +88,10 @@ class World:
     """The core, G fake replicas and the messages between them."""
 
     def __init__(self, replicas: int, policy: str) -> None:
-        pol = make_policy(parse_policy_config(policy=policy))
-        self.core = SchedulerCore(replicas, SLOTS, pool_capacity=6, step_a_s_per_token=0.0,
-                                  step_b_s=0.01, policy=pol, detail=False,
+        pol = build_policy(policy)
+        self.core = SchedulerCore(replicas, SLOTS, pool_capacity=6,
+                                  step_model=(0.0, 0.01, 0.0), policy=pol,
+                                  detail=pol.needs.running_detail,
                                   clock=iter(range(10**9)).__next__)
         self.replicas = [FakeReplica(g, f"i{g}.0") for g in range(replicas)]
         for g, r in enumerate(self.replicas):

@@ -13,7 +13,7 @@ from br_serve.traces import Trace
 # a = 1 ms/token, b = 10 ms, c = 0; prefill free (delivered at arrival).
 CFG: dict[str, Any] = dict(
     policy="jsq", replicas=2, slots=1, step_a_s_per_token=1e-3, step_b_s=0.01,
-    prefill_instances=1, prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
+    prefill_replicas=1, prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
 
 
 def _trace() -> Trace:
@@ -82,7 +82,7 @@ def test_prefill_delays_and_capacity() -> None:
 def test_full_pool_stalls_prefill() -> None:
     # G=1, B=1, pool of 1, two prefill instances of 0.1 s; steps cost exactly b = 30 ms.
     cfg = SimConfig(policy="br0", replicas=1, slots=1, pool_capacity=1, step_a_s_per_token=0.0,
-                    step_b_s=0.03, prefill_instances=2, prefill_p0_s=0.1,
+                    step_b_s=0.03, prefill_replicas=2, prefill_p0_s=0.1,
                     prefill_p1_s_per_token=0.0)
     trace = Trace.build([0.0, 0.0, 0.0], [10, 10, 10], [10, 1, 1], source="stall")
     res = simulate(trace, cfg)
@@ -117,3 +117,30 @@ def test_admission_delay_by_hand() -> None:
     now = simulate(tr, SimConfig(**{**CFG, "replicas": 1, "slots": 2}))
     assert now.admit_step.tolist() == [0, 1]
     assert now.steps.sum_load_tokens.tolist() == [10, 15, 12]
+
+
+def test_step_drift_and_noise_are_paired_and_exact() -> None:
+    """Drift multiplies one replica's steps from a given step on; noise is a function of
+    (seed, replica, step) only, so two policies see the same perturbations."""
+    from br_serve.sim.perturb import StepPerturbation
+
+    p = StepPerturbation(2, drift=((1, 3, 2.0),), noise_cv=0.0)
+    f = p.factors(0, 6)
+    assert f[0].tolist() == [1.0] * 6 and f[1].tolist() == [1, 1, 1, 2, 2, 2]
+    noisy = StepPerturbation(3, noise_cv=0.1, seed=7)
+    whole = noisy.factors(4090, 20)  # crosses a block boundary
+    parts = np.concatenate([StepPerturbation(3, noise_cv=0.1, seed=7).factors(4090, 7),
+                            StepPerturbation(3, noise_cv=0.1, seed=7).factors(4097, 13)],
+                           axis=1)
+    assert np.array_equal(whole, parts)
+    big = StepPerturbation(4, noise_cv=0.1, seed=1).factors(0, 4096)
+    assert abs(big.mean() - 1) < 0.01 and abs(big.std() / big.mean() - 0.1) < 0.01
+    # one replica, one request of s=10, o=4: a=1 ms/token, b=10 ms; 2x from step 2 on
+    tr = Trace.build([0.0], [10], [4], source="hand")
+    base: dict[str, Any] = dict(policy="jsq", replicas=1, slots=1, step_a_s_per_token=1e-3,
+                                step_b_s=0.01, prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
+    slow = simulate(tr, SimConfig(**base, step_drift=((0, 2, 2.0),)))
+    want = [0.02, 0.021, 2 * 0.022, 2 * 0.023]
+    assert np.allclose(slow.steps.tau_s, want)
+    with pytest.raises(ValueError, match="step_drift"):
+        SimConfig(**base, step_drift=((1, 0, 2.0),))

@@ -29,7 +29,8 @@ class Spy:
 
 
 class OracleSpy(Spy):
-    name = "oracle"
+    name = "oracle-spy"
+    reads_true_remaining = True  # the capability that makes the simulator attach them
 
     def __init__(self, outputs: dict[int, int]) -> None:
         super().__init__()

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from br_serve.core import policy_names
+from br_serve.core import policy_class, policy_names
 from br_serve.sim import SimConfig, simulate
 from br_serve.traces import SyntheticSpec, Trace, synthetic_trace
 from br_serve.traces.synthetic import LengthDist
@@ -22,12 +22,14 @@ def workloads(draw: st.DrawFn) -> tuple[Trace, SimConfig]:
     out = draw(st.lists(st.integers(1, 200), min_size=n, max_size=n))
     trace = Trace.build(arr, inp, out, source="hyp")
     policy = draw(st.sampled_from(POLICIES))
+    needs = policy_class(policy).needs.predictor
     cfg = SimConfig(
-        policy=policy, predictor="oracle" if policy == "brh" else None,
+        policy=policy, predictor="oracle" if needs else None,
         replicas=draw(st.integers(1, 5)), slots=draw(st.integers(1, 4)),
         saturated=draw(st.booleans()), seed=draw(st.integers(0, 3)),
-        prefill_instances=draw(st.integers(1, 3)), pool_capacity=draw(st.integers(1, 50)),
-        horizon=draw(st.integers(0, 20)), max_stretch_steps=draw(st.integers(1, 64)))
+        prefill_replicas=draw(st.integers(1, 3)), pool_capacity=draw(st.integers(1, 50)),
+        policy_options={"horizon": draw(st.integers(0, 20))} if needs else {},
+        max_stretch_steps=draw(st.integers(1, 64)))
     return trace, cfg
 
 
@@ -94,12 +96,13 @@ def test_saturated_window_and_drain() -> None:
 
 
 def test_brh_h0_oracle_equals_br0_in_simulation() -> None:
-    # DESIGN section 4: H = 0, alpha = 1, beta = G is BR-0; the simulator must not break it.
+    # H = 0, alpha = 1, beta = G is BR-0 (docs/design.md); the simulator must keep it so.
     spec = SyntheticSpec(requests=400, arrival="saturated", seed=9,
                          output=LengthDist(median=150, sigma=1.0, max_tokens=2000))
     trace = synthetic_trace(spec)
     a = simulate(trace, SimConfig(policy="br0", replicas=4, slots=4, saturated=True))
-    b = simulate(trace, SimConfig(policy="brh", predictor="oracle", horizon=0, replicas=4,
+    b = simulate(trace, SimConfig(policy="brh", predictor="oracle", policy_options={"horizon": 0},
+                                  replicas=4,
                                   slots=4, saturated=True))
     assert (a.replica == b.replica).all()
     assert (a.admit_step == b.admit_step).all()

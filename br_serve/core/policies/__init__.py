@@ -1,5 +1,2 @@
-"""Built-in policies. Importing this package registers every one of them."""
-
-from br_serve.core.policies import baselines, br0, brh, peers
-
-__all__ = ["baselines", "br0", "brh", "peers"]
+"""Built-in policies, one module each. The policy registry imports every module of this
+package the first time a policy name is looked up, so a new built-in is one new file."""

@@ -1,16 +1,35 @@
-"""BR-H: BalanceRoute with a short-horizon look-ahead (DESIGN section 4)."""
+"""BR-H: BalanceRoute with a short-horizon look-ahead (docs/design.md, "BR-H")."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from br_serve.core.config import PolicyConfig
 from br_serve.core.fscore import HorizonScore, discount_weights, projected_loads
+from br_serve.core.options import option
+from br_serve.core.policies.br0 import BR0Options
+from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, register_policy
 from br_serve.core.pool import PromptPool
 from br_serve.core.predictor import SurvivesWindow, validate_prediction
-from br_serve.core.registry import PolicyContext, register
 from br_serve.core.tick import run_two_stage
 from br_serve.core.types import ClusterSnapshot, FloatArray, IntArray, TickResult
+
+
+@dataclass(frozen=True, slots=True)
+class BRHOptions(BR0Options):
+    """BR-0's options plus the look-ahead's. ``horizon=0, alpha=1, beta=None`` is BR-0."""
+
+    horizon: int = option(80, ge=0, le=4096, doc="look-ahead window H in decode steps "
+                          "(also the predictor's window)")
+    gamma: float = option(1.0, gt=0, le=1, doc="discount per step of the window")
+    alpha: float = option(1.0, gt=0, doc="weight of the fill term")
+    beta: float | None = option(None, gt=0, doc="weight of the overflow term (None: the "
+                                "number of alive replicas G)")
+    gate: float = option(0.5, gt=0, le=1, doc="confidence gate: a request is projected "
+                         "to end in the window when p_fin >= gate")
+    predictor_timeout_s: float = option(0.01, gt=0, doc="a predictor answer later than "
+                                        "this (by the injected clock) is ignored")
 
 
 class GrowingScore:
@@ -18,7 +37,7 @@ class GrowingScore:
 
     Admitting ``n`` requests of total prompt ``D`` adds ``D + n*h`` to the replica's
     load at step ``h``, so ``F_n(D) = alpha*sum_h d_h (D + n h)
-    - beta*sum_h d_h (D + n h - m(h))_+``: DESIGN's score with margins ``m - n*h`` and
+    - beta*sum_h d_h (D + n h - m(h))_+``: the paper's score with margins ``m - n*h`` and
     a constant ``alpha*n*sum_h d_h h``. With ``alpha = 1, beta = G`` it is exactly
     ``-sum_h d_h dI(h)``. Leaving the growth out made BR-H overfill replicas with a free
     slot (their margins grow with ``h`` only until the new request starts growing too):
@@ -99,7 +118,8 @@ class HorizonMargins:
             self._cache.pop(g, None)
 
 
-class BRH:
+@register_policy("brh")
+class BRH(PolicyBase[BRHOptions]):
     """Two-stage tick over horizon margin vectors fed by a termination predictor.
 
     A predictor that raises, returns a malformed answer, or answers later than
@@ -107,18 +127,19 @@ class BRH:
     request is then projected to survive the window (the closed gate).
     """
 
-    name = "brh"
+    Options = BRHOptions
+    needs = PolicyNeeds(running_detail=True, predictor=True)
 
-    def __init__(self, config: PolicyConfig, context: PolicyContext) -> None:
-        self.config = config
+    def __init__(self, options: BRHOptions, context: PolicyContext) -> None:
+        super().__init__(options, context)
         self.predictor = context.predictor or SurvivesWindow()
         self.clock = context.clock
-        self.d = discount_weights(config.horizon, config.gamma)
+        self.d = discount_weights(options.horizon, options.gamma)
 
     def _end_steps(self, cluster: ClusterSnapshot) -> tuple[IntArray | None, bool]:
         """Projected end step of every running request (``None``: all survive)."""
         run = cluster.running
-        horizon = self.config.horizon
+        horizon = self.options.horizon
         if isinstance(self.predictor, SurvivesWindow):
             return None, True
         t0 = self.clock()
@@ -127,9 +148,9 @@ class BRH:
             validate_prediction(pred, len(run))
         except Exception:  # any predictor failure degrades to the closed gate
             return None, False
-        if self.clock() - t0 > self.config.predictor_timeout_s:
+        if self.clock() - t0 > self.options.predictor_timeout_s:
             return None, False
-        fin = np.asarray(pred.p_fin) >= self.config.gate
+        fin = np.asarray(pred.p_fin) >= self.options.gate
         if not fin.any():
             return None, True
         mu = np.asarray(pred.mu_rem, dtype=np.float64)
@@ -139,7 +160,7 @@ class BRH:
 
     def projected(self, cluster: ClusterSnapshot) -> tuple[FloatArray, bool]:
         """``(G, H+1)`` projected loads and whether the predictor answered usably."""
-        g, horizon = cluster.num_replicas, self.config.horizon
+        g, horizon = cluster.num_replicas, self.options.horizon
         run = cluster.running
         if len(run) == 0:
             # No per-request detail: each replica's load survives and grows by its count.
@@ -153,7 +174,7 @@ class BRH:
 
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:
-        c = self.config
+        c = self.options
         loads, ok = self.projected(cluster)
         alive_g = int(cluster.alive.sum()) or 1
         beta = float(alive_g) if c.beta is None else c.beta
@@ -168,5 +189,3 @@ class BRH:
         return TickResult(res.assignments, res.stage1, res.stage2, res.guard, res.aged,
                           predictor_ok=False)
 
-
-register("brh")(BRH)

@@ -1,4 +1,4 @@
-"""Shared FCFS dispatch loop for the replica-choosing baselines (DESIGN section 6).
+"""Shared FCFS dispatch loop for the replica-choosing baselines (docs/design.md).
 
 The baselines choose a replica, not a request: the pool is walked in arrival order and
 each request goes to the replica its rule picks among the *feasible* ones (alive, a
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from br_serve.core.policy import OptionsT, PolicyBase
 from br_serve.core.pool import PromptPool
 from br_serve.core.types import Assignment, ClusterSnapshot, PoolRequest, TickResult
 
@@ -63,3 +64,17 @@ def fcfs_dispatch(cluster: ClusterSnapshot, pool: PromptPool, choose: Chooser) -
         total -= 1
         out.append(Assignment(req.request_id, g, req.prompt_tokens))
     return TickResult(assignments=tuple(out))
+
+
+class FCFSPolicy(PolicyBase[OptionsT]):
+    """A policy that walks the pool FCFS and only chooses the replica (:meth:`choose`)."""
+
+    def choose(self, req: PoolRequest, feasible: list[int], led: Ledger) -> int:
+        """One of ``feasible`` (non-empty) for ``req``, given this tick's ledger."""
+        raise NotImplementedError
+
+    def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
+                 tick: int) -> TickResult:
+        return fcfs_dispatch(cluster, pool, self.choose)
+
+

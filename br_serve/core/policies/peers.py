@@ -1,4 +1,4 @@
-"""Routers of the field, behind the same interface (DESIGN section 6).
+"""Routers of the field, behind the same interface (docs/design.md, "Peers").
 
 - ``sglang_total_tokens``: SGLang DP-attention ``total_tokens``: argmin of
   ``(total_tokens_g, total_requests_g)``, the admitted prompt added to the chosen rank
@@ -14,26 +14,32 @@
 
 from __future__ import annotations
 
-from br_serve.core.policies.baselines import _Base
-from br_serve.core.policies.fcfs import Ledger
-from br_serve.core.registry import register
+from dataclasses import dataclass
+
+from br_serve.core.options import NoOptions, Options, option
+from br_serve.core.policies.fcfs import FCFSPolicy, Ledger
+from br_serve.core.policy import register_policy
 from br_serve.core.types import UNLIMITED_TOKENS, PoolRequest
 
 
-@register("sglang_total_tokens")
-class SGLangTotalTokens(_Base):
-    name = "sglang_total_tokens"
-
+@register_policy("sglang_total_tokens")
+class SGLangTotalTokens(FCFSPolicy[NoOptions]):
     def choose(self, req: PoolRequest, feasible: list[int], led: Ledger) -> int:
         return min(feasible, key=lambda g: (led.loads[g], led.running[g], g))
 
 
-@register("vllm_dp")
-class VLLMDataParallel(_Base):
-    name = "vllm_dp"
+@dataclass(frozen=True, slots=True)
+class VLLMDPOptions(Options):
+    vllm_kv_weight: float = option(6.0, ge=0, doc="weight w of the KV-usage penalty on "
+                                   "waiting requests")
+
+
+@register_policy("vllm_dp")
+class VLLMDataParallel(FCFSPolicy[VLLMDPOptions]):
+    Options = VLLMDPOptions
 
     def choose(self, req: PoolRequest, feasible: list[int], led: Ledger) -> int:
-        w = self.config.vllm_kv_weight
+        w = self.options.vllm_kv_weight
 
         def score(g: int) -> tuple[float, int]:
             waiting = led.inflight[g]
@@ -47,20 +53,25 @@ class VLLMDataParallel(_Base):
         return min(feasible, key=score)
 
 
-@register("dynamo_decode")
-class DynamoDecode(_Base):
-    name = "dynamo_decode"
+@dataclass(frozen=True, slots=True)
+class DynamoOptions(Options):
+    kv_block_tokens: int = option(16, ge=1, doc="tokens per KV block")
+    dynamo_request_weight_blocks: float = option(1.0, ge=0, doc="blocks charged per "
+                                                 "running request")
+
+
+@register_policy("dynamo_decode")
+class DynamoDecode(FCFSPolicy[DynamoOptions]):
+    Options = DynamoOptions
 
     def choose(self, req: PoolRequest, feasible: list[int], led: Ledger) -> int:
-        blk = self.config.kv_block_tokens
-        w = self.config.dynamo_request_weight_blocks
+        blk = self.options.kv_block_tokens
+        w = self.options.dynamo_request_weight_blocks
         return min(feasible, key=lambda g: (-(-led.loads[g] // blk) + w * led.running[g], g))
 
 
-@register("min_max")
-class MinMax(_Base):
-    name = "min_max"
-
+@register_policy("min_max")
+class MinMax(FCFSPolicy[NoOptions]):
     def choose(self, req: PoolRequest, feasible: list[int], led: Ledger) -> int:
         top = led.max_alive_load()
         s = req.prompt_tokens
