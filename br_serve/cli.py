@@ -17,8 +17,8 @@ COMMAND_MODULES = (
     "br_serve.bench.tick",  # bench-tick
     "br_serve.sim.cli",  # sim
     "predictors.cli",  # train-predictor, eval-predictor
-    "br_serve.serve.cli",  # serve / demo / bench-serve
-    "br_serve.engine.cli",  # bench-kv
+    "br_serve.serve.cli",  # serve / demo
+    "br_serve.bench.cli",  # bench-serve / bench-kv
 )
 
 
