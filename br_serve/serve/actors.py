@@ -42,12 +42,8 @@ def _decode_options(cfg: GraphConfig, g: int) -> dict[str, Any]:
             "max_restarts": 0, "max_concurrency": 1000, **cfg.replica_actor_options()}
 
 
-def create_actors(cfg: GraphConfig) -> GraphActors:
-    """Create (or find) the actors; returns their handles.
-
-    Handles come from the creation calls: named-actor registration is asynchronous, so
-    looking them up by name right away could fail.
-    """
+def _makers(cfg: GraphConfig) -> tuple[Any, list[Any], Any]:
+    """Functions that create (or find, by name) each actor: keeper, decode, scheduler."""
     import ray
 
     from br_serve.serve.decode import DecodeReplica
@@ -56,17 +52,55 @@ def create_actors(cfg: GraphConfig) -> GraphActors:
 
     config = cfg.model_dump()
     sched_name, decode_names = actor_names(cfg.app_name, cfg.replicas)
-    keeper = ray.remote(KVKeeper).options(
-        name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
-        num_cpus=0, max_concurrency=1000, max_restarts=-1, max_task_retries=0,
-    ).remote(cfg.transport, cfg.mooncake_master)
-    decode = [ray.remote(DecodeReplica).options(**_decode_options(cfg, g)).remote(
-        g, config, sched_name) for g in range(cfg.replicas)]
-    sched = ray.remote(Scheduler).options(
-        name=sched_name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
-        max_restarts=-1, max_task_retries=0, max_concurrency=1000,
-    ).remote(config, decode_names)
-    return GraphActors(sched, decode, keeper)
+
+    def keeper() -> Any:
+        return ray.remote(KVKeeper).options(
+            name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
+            num_cpus=0, max_concurrency=1000, max_restarts=-1, max_task_retries=0,
+        ).remote(cfg.transport, cfg.mooncake_master)
+
+    def decode(g: int) -> Any:
+        return ray.remote(DecodeReplica).options(**_decode_options(cfg, g)).remote(
+            g, config, sched_name)
+
+    def scheduler() -> Any:
+        return ray.remote(Scheduler).options(
+            name=sched_name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
+            max_restarts=-1, max_task_retries=0, max_concurrency=1000,
+        ).remote(config, decode_names)
+
+    return keeper, [lambda g=g: decode(g) for g in range(cfg.replicas)], scheduler
+
+
+async def create_actors(cfg: GraphConfig, attempts: int = 40) -> GraphActors:
+    """Create (or find) the actors and wait until each one's constructor ran.
+
+    An ingress that restarts after a crash finds no actors (they died with it, their
+    owner) or, for a moment, their dead handles under the same names: a handle that
+    turns out dead is created again (bounded). Handles come from the creation calls:
+    named-actor registration is asynchronous, so a lookup by name right away could fail.
+
+    Raises:
+        RuntimeError: an actor did not come up in ``attempts`` tries.
+    """
+    make_keeper, make_decode, make_scheduler = _makers(cfg)
+
+    async def up(make: Any, what: str) -> Any:
+        for _ in range(attempts):
+            handle = make()
+            try:
+                await asyncio.wait_for(handle.__ray_ready__.remote(), _START_S)
+                return handle
+            except UNAVAILABLE as exc:  # a dead namesake: its name frees soon
+                log.warning("ingress: %s not up yet: %s", what, exc)
+                await asyncio.sleep(0.5)
+        raise RuntimeError(f"ingress: {what} did not come up in {attempts} tries")
+
+    keeper = await up(make_keeper, "kv keeper")
+    decode = await asyncio.gather(*(up(m, f"decode replica {g}")
+                                    for g, m in enumerate(make_decode)))
+    sched = await up(make_scheduler, "scheduler")
+    return GraphActors(sched, list(decode), keeper)
 
 
 async def replace_decode(cfg: GraphConfig, g: int, old: Any, attempts: int = 40) -> Any:

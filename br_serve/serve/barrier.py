@@ -23,6 +23,11 @@ class BarrierError(RuntimeError):
     """The collective failed (peer died, timed out, or the group was closed)."""
 
 
+# torch.distributed's errors (DistError, DistBackendError, DistStoreError, gloo's own)
+# are RuntimeErrors; a refused or reset connection is an OSError. Anything else is a bug.
+_DIST_ERRORS = (RuntimeError, OSError)
+
+
 def open_store(host: str, generation: int, timeout_s: float) -> tuple[Any, int]:
     """Host a new TCP store on a free port (rank 0 of a generation). Returns (store, port)."""
     import torch.distributed as dist
@@ -60,12 +65,12 @@ class Barrier:
         self._op_timeout = datetime.timedelta(seconds=timeout_s)
         # Joining waits for every rank's process (slow under load); steps must not.
         td = datetime.timedelta(seconds=max(timeout_s, join_timeout_s))
-        if store is None:
-            store = dist.TCPStore(host, port, None, False,  # type: ignore[attr-defined]
-                                  timeout=td)
-        self._store = store  # rank 0 keeps the master alive as long as the group lives
-        prefixed = dist.PrefixStore(f"br_gen{generation}", store)  # type: ignore[attr-defined]
         try:
+            if store is None:  # a dead rank 0 (no store to connect to) fails here
+                store = dist.TCPStore(host, port, None, False,  # type: ignore[attr-defined]
+                                      timeout=td)
+            self._store = store  # rank 0 keeps the master alive as long as the group lives
+            prefixed = dist.PrefixStore(f"br_gen{generation}", store)  # type: ignore[attr-defined]
             if backend == "gloo":
                 self._pg: Any = dist.ProcessGroupGloo(prefixed, rank, self.world, td)
                 self._default = False
@@ -74,7 +79,7 @@ class Barrier:
                                         world_size=self.world, timeout=td)
                 self._pg = None
                 self._default = True
-        except Exception as exc:
+        except _DIST_ERRORS as exc:
             raise BarrierError(f"barrier gen {generation}: join failed: {exc}") from exc
 
     def exchange(self, load_tokens: int, running: int) -> np.ndarray:
@@ -93,7 +98,7 @@ class Barrier:
                 dist.all_reduce(t)
             else:
                 self._pg.allreduce([t]).wait(self._op_timeout)
-        except Exception as exc:
+        except _DIST_ERRORS as exc:
             raise BarrierError(f"barrier gen {self.generation}: all_reduce failed: {exc}"
                                ) from exc
         self.steps += 1

@@ -79,7 +79,7 @@ class Ingress:
     async def __init__(self, prefill: Any, config: dict[str, Any]) -> None:  # type: ignore[misc]
         self.cfg = parse_graph_config(config)
         self.api_key = self.cfg.resolved_api_key()
-        actors = create_actors(self.cfg)
+        actors = await create_actors(self.cfg)
         cfg = self.cfg
 
         async def replace(g: int, old: Any) -> Any:
@@ -105,15 +105,22 @@ class Ingress:
 
         self.streamer._ensure_started()
         deadline = time.monotonic() + READY_WAIT_S
-        while not await self._ready_now():
+        params = SamplingParams(max_tokens=2, seed=0)
+        attempt = 0
+        while True:
+            if await self._ready_now():
+                attempt += 1
+                rid = f"{self.streamer.owner}-warmup{attempt}"
+                try:
+                    toks = [t async for t in self.streamer.generate("warm up", params, rid)]
+                    if toks and toks[-1].error is None:
+                        return
+                    log.warning("ingress: warm-up failed: %s", toks[-1:] or "no tokens")
+                except GenerateError as exc:
+                    log.warning("ingress: warm-up failed: %s", exc.message)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ingress: graph not ready after {READY_WAIT_S:.0f} s")
-            await asyncio.sleep(0.2)
-        params = SamplingParams(max_tokens=2, seed=0)
-        toks = [t async for t in self.streamer.generate("warm up", params,
-                                                       f"{self.streamer.owner}-warmup")]
-        if not toks or toks[-1].error is not None:
-            log.warning("ingress: warm-up request failed: %s", toks[-1:] or "no tokens")
+            await asyncio.sleep(0.5)
 
     async def _ready_now(self) -> bool:
         """Readiness: the scheduler is up with a barrier group, and the graph has room."""

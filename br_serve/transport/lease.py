@@ -65,15 +65,26 @@ class KVLease:
         Raises:
             TransportError: the keeper is unreachable.
         """
-        from ray.exceptions import RayError
+        from ray.exceptions import RayActorError
 
-        try:
-            keeper = (self._keeper if self._keeper is not None
-                      else await asyncio.to_thread(self._keeper_handle))  # a lookup waits
-            await keeper.hold.remote(handle)
-        except (RayError, ValueError) as exc:  # ValueError: keeper not registered
-            raise TransportError(f"kv lease: keeper unreachable for {handle.key!r}: "
-                                 f"{exc}") from exc
+        for attempt in (1, 2):
+            try:
+                keeper = (self._keeper if self._keeper is not None
+                          else await asyncio.to_thread(self._keeper_handle))  # lookup waits
+                await keeper.hold.remote(handle)
+                return
+            except (RayActorError, ValueError) as exc:  # ValueError: not registered
+                if not self._forget_keeper() or attempt == 2:
+                    raise TransportError(f"kv lease: keeper unreachable for "
+                                         f"{handle.key!r}: {exc}") from exc
+
+    def _forget_keeper(self) -> bool:
+        """After a failed call: look the keeper up again next time (a new graph may run
+        a new keeper under the same name). False if there is nothing to look up."""
+        if self._find_keeper is None:
+            return False
+        self._keeper = None
+        return True
 
     def discard(self, handle: KVHandle) -> None:
         """Free the source copy here, through this process's transport (blocking; for a
@@ -112,3 +123,4 @@ class KVLease:
             await ref
         except RayError as exc:  # keeper restarting: the restarted one holds nothing
             log.warning("kv lease: release of %r failed: %s", handle.key, exc)
+            self._forget_keeper()
