@@ -164,7 +164,7 @@ async def _with_fault(port: int, n: int, max_tokens: int, fault: Callable[[], No
 
 
 def _busy(st: dict[str, Any]) -> bool:
-    return sum(r["running"] for r in st["replicas"]) >= G * SLOTS // 2
+    return int(sum(r["running"] for r in st["replicas"])) >= G * SLOTS // 2
 
 
 # -- overload ---------------------------------------------------------------------------
