@@ -1,5 +1,6 @@
 """``br-serve`` benchmark commands of the serving stack: ``bench-serve`` (the live graph
-beside the simulator) and ``bench-kv`` (KV transfer throughput per transport)."""
+beside the simulator), ``bench-control-plane`` (the graph's own per-step cost) and
+``bench-kv`` (KV transfer throughput per transport)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,9 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="results/serve_bench.json")
     p.set_defaults(func=cmd_bench)
     _register_kv(sub)
+    from br_serve.bench import control_plane
+
+    control_plane.register(sub)
 
 
 def _register_kv(subparsers: Any) -> None:

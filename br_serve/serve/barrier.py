@@ -2,9 +2,10 @@
 
 A :class:`Barrier` is one *generation* of the group: ``world`` ranks (the alive decode
 replicas, in ``members`` order) connected through a torch.distributed store hosted by
-rank 0. Every step each rank contributes its own ``(load_tokens, running)`` row to a
-``(world, 2)`` matrix and all-reduces it, so the step cannot end before the slowest
-replica arrives, and every rank learns the loads at the barrier.
+rank 0. Every step each rank contributes its own ``(load_tokens, running, reports)`` row to a
+``(world, 3)`` matrix and all-reduces it, so the step cannot end before the slowest
+replica arrives, and every rank learns the loads at the barrier (and which members
+report this step, so that rank 0 can tell the scheduler whose reports to wait for).
 
 Failure contract: a dead or hung peer makes :meth:`Barrier.exchange` raise
 :class:`BarrierError` within ``timeout_s``. A broken generation is never reused: the
@@ -82,15 +83,17 @@ class Barrier:
         except _DIST_ERRORS as exc:
             raise BarrierError(f"barrier gen {generation}: join failed: {exc}") from exc
 
-    def exchange(self, load_tokens: int, running: int) -> np.ndarray:
-        """All-reduce this rank's row; returns the ``(world, 2)`` int64 matrix of all rows.
+    def exchange(self, load_tokens: int, running: int, reports: int = 0) -> np.ndarray:
+        """All-reduce this rank's row; returns the ``(world, 3)`` int64 matrix of all rows
+        ``(load_tokens, running, reports)``.
 
         Raises:
             BarrierError: the collective failed or timed out.
         """
-        t = self._torch.zeros((self.world, 2), dtype=self._torch.float64)
+        t = self._torch.zeros((self.world, 3), dtype=self._torch.float64)
         t[self.rank, 0] = float(load_tokens)
         t[self.rank, 1] = float(running)
+        t[self.rank, 2] = float(reports)
         try:
             if self._default:
                 import torch.distributed as dist

@@ -15,8 +15,12 @@ Contracts:
   ends finished or dropped in a later report (:mod:`br_serve.serve.replica_book`).
 - Every KV handle ``admit`` pulls (or fails to pull) is released once, through the lease.
 - Every step ends in ``Barrier.exchange`` of the (load, running) each member computed
-  that step with; afterwards the replica reports those rows plus its post-step state
-  (:class:`ReplicaReport`) to the scheduler, fire-and-forget.
+  that step with, and whether it reports this step. A replica reports (fire-and-forget)
+  only what changed (installed, finished, dropped requests; the scheduler's mirror
+  advances running requests itself) plus a periodic full state; the group's rank 0
+  reports every busy step with the exchanged rows of all members
+  (:class:`ReportClock`, :class:`ReplicaReport`). A group with nothing to run waits
+  for admissions instead of stepping idle.
 - Events for a request go to the outbox of its ``owner`` (an ingress replica), which
   long-polls them with :meth:`DecodeReplica.poll`. An ``Admitted`` event precedes its
   tokens; a request that cannot continue ends with a ``StreamError``.
@@ -49,14 +53,14 @@ from br_serve.serve.messages import (
     StreamError,
     StreamEvent,
 )
-from br_serve.serve.replica_book import ReplicaBook
+from br_serve.serve.replica_book import ReplicaBook, ReportClock, as_delta, build_report
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
 
 log = logging.getLogger(__name__)
 
-#: Idle replicas still report this often, so a restarted scheduler hears from them.
-_IDLE_REPORT_S = 1.0
+#: An idle group steps this often at most (an admission wakes a replica at once).
+_IDLE_WAIT_S = 0.05
 
 
 class DecodeReplica:
@@ -81,6 +85,7 @@ class DecodeReplica:
         self._lock = threading.Lock()
         self._wake_step = threading.Condition(self._lock)
         self.book = ReplicaBook(self.cfg.slots)
+        self._clock = ReportClock(index)
         self._outbox: dict[str, list[StreamEvent]] = collections.defaultdict(list)
         self._barrier: Barrier | None = None
         self._pending_join: tuple[int, int, tuple[int, ...], int, asyncio.Future[bool]
@@ -180,7 +185,7 @@ class DecodeReplica:
         return out
 
     async def report(self) -> ReplicaReport | None:
-        """The latest measured state (used to rebuild a restarted scheduler's mirror)."""
+        """The latest full state (used to rebuild a restarted scheduler's mirror)."""
         return self._last
 
     async def shutdown(self) -> None:
@@ -250,52 +255,71 @@ class DecodeReplica:
             self.on_fatal()
 
     def _loop_steps(self) -> None:
-        last_report = 0.0
+        idle = False  # the last exchange showed no member running anything
         while True:
             with self._lock:
                 while not self._stop and self._barrier is None and self._pending_join is None:
                     self._wake_step.wait(0.5)
                 if self._stop:
                     return
+                if idle and self._pending_join is None and not self.book.has_work():
+                    # nothing to run anywhere: wait for an admission (or a peer, which
+                    # then waits at most this long at the barrier) instead of spinning
+                    self._wake_step.wait(_IDLE_WAIT_S)
             if self._pending_join is not None:
                 self._take_join()
+                idle = False
                 continue
-            self._install()
-            # the barrier carries what this step computed with (its load, and its
-            # running requests = tokens it produces): the step's cost and the imbalance
-            # the barrier waited for; the post-step state goes to the scheduler's mirror
-            step_load, step_running = self.engine.load_tokens(), self.engine.running()
-            t0 = time.perf_counter()
-            events = self.engine.step()
-            t1 = time.perf_counter()
-            barrier = self._barrier
-            assert barrier is not None
-            try:
-                rows = barrier.exchange(step_load, step_running)
-            except BarrierError as exc:
-                log.warning("replica %d: %s", self.index, exc)
-                rows = None
-            t2 = time.perf_counter()
-            self._deliver(events)
-            with self._lock:
-                self._step += 1
-                finished, dropped = self.book.take_report()
-                if rows is None:
-                    self._barrier = None
+            rows = self._one_step()
+            idle = rows is not None and not rows[:, 1].any() and not self.engine.running()
+
+    def _one_step(self) -> Any:
+        """Install, step, exchange, deliver, report. Returns the barrier rows (None if
+        the collective failed)."""
+        self._install()
+        barrier = self._barrier
+        assert barrier is not None
+        # the barrier carries what this step computed with (its load, and its running
+        # requests = tokens it produces): the step's cost and the imbalance the
+        # barrier waited for; the post-step state goes to the scheduler's mirror
+        step_load, step_running = self.engine.load_tokens(), self.engine.running()
+        t0 = time.perf_counter()
+        events = self.engine.step()
+        t1 = time.perf_counter()
+        with self._lock:
+            by_owner = self.book.route(events)
+            finished, dropped, started = self.book.take_report()
+        flag, full = self._clock.decide(news=bool(finished or dropped or started),
+                                        barrier_step=barrier.steps + 1, now_s=t1)
+        try:
+            rows = barrier.exchange(step_load, step_running, int(flag))
+        except BarrierError as exc:
+            log.warning("replica %d: %s", self.index, exc)
+            rows = None
+        t2 = time.perf_counter()
+        for owner, evs in by_owner.items():
+            self._emit(owner, evs)
+        with self._lock:
+            self._step += 1
             if rows is None:
-                barrier.close()
-                self._tell_scheduler("barrier_failed", self.index, barrier.generation)
-            rep = self._make_report(finished, dropped, barrier, rows, t1 - t0, t2 - t1)
-            self._last = rep
-            # every member reports every step while any member is busy, so the
-            # scheduler can tick once per step on a complete view
-            busy = bool(rep.running_ids or finished or dropped or sum(rep.barrier_running))
-            if busy or t2 - last_report > _IDLE_REPORT_S:
-                if self._tell_scheduler("report", rep):
-                    last_report = t2
-                else:
-                    with self._lock:
-                        self.book.put_back(finished, dropped)
+                self._barrier = None
+        if rows is None:
+            barrier.close()
+            self._tell_scheduler("barrier_failed", self.index, barrier.generation)
+        group_rows = rows if rows is not None and barrier.rank == 0 else None
+        rep = build_report(self.index, self.incarnation, self.engine, self._step, barrier,
+                           group_rows, finished, dropped, started,
+                           full=True, compute_s=t1 - t0, barrier_s=t2 - t1)
+        self._last = rep
+        if flag or (group_rows is not None and bool(group_rows[:, 1].any())):
+            if not full:
+                rep = as_delta(rep, started)
+            ok = self._tell_scheduler("report", rep)
+            self._clock.sent(ok, t2)
+            if not ok:
+                with self._lock:
+                    self.book.put_back(finished, dropped)
+        return rows
 
     def _install(self) -> None:
         with self._lock:
@@ -317,24 +341,6 @@ class DecodeReplica:
             by_owner = self.book.route(events)
         for owner, evs in by_owner.items():
             self._emit(owner, evs)
-
-    def _make_report(self, finished: list[tuple[str, int]], dropped: list[str],
-                     barrier: Barrier, rows: Any, compute_s: float,
-                     barrier_s: float) -> ReplicaReport:
-        eng = self.engine
-        ids = tuple(eng.running_ids())
-        return ReplicaReport(
-            replica=self.index, generation=barrier.generation, step=self._step,
-            load_tokens=int(eng.load_tokens()), running_ids=ids,
-            prompt_tokens=tuple(int(eng.prompt_tokens_of(r)) for r in ids),
-            decoded_tokens=tuple(int(eng.decoded_steps(r)) for r in ids),
-            finished_ids=tuple(f[0] for f in finished),
-            finished_output_tokens=tuple(f[1] for f in finished),
-            members=barrier.members,
-            barrier_loads=() if rows is None else tuple(int(x) for x in rows[:, 0]),
-            barrier_running=() if rows is None else tuple(int(x) for x in rows[:, 1]),
-            compute_s=compute_s, barrier_s=barrier_s, dropped_ids=tuple(dropped),
-            incarnation=self.incarnation, barrier_step=barrier.steps)
 
 
 def _exit_process() -> None:

@@ -7,9 +7,10 @@ replacement). :class:`Membership` keeps the numbers and the decisions; the sched
 actor does the RPCs (ping, open_store, join).
 
 Step completion: every member of a generation runs the same number of exchanges
-(lock-step), reported as ``ReplicaReport.barrier_step``; the scheduler ticks once per
-step, when every member has reported it (a tick on a partial view would favour
-whichever replica reported first).
+(lock-step), reported as ``ReplicaReport.barrier_step``. Rank 0 reports every busy
+step with the flags of the members that report it too (the others have nothing new);
+the scheduler ticks when every flagged member's report for that step is in (a tick on
+a partial view would favour whichever replica reported first).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Membership:
         self.generation = 0
         self.members: tuple[int, ...] = ()
         self._reported: dict[int, int] = {}
+        self._needed: dict[int, int] = {}
 
     def adopt(self, pings: Mapping[int, int],
               reports: Mapping[int, ReplicaReport | None]) -> bool:
@@ -45,14 +47,14 @@ class Membership:
             if rep is None or rep.generation != gen or rep.members != members:
                 return False
         self.generation, self.members = gen, members
-        self._reported = {}
+        self._reported, self._needed = {}, {}
         return True
 
     def begin(self, members: tuple[int, ...]) -> int:
         """Start forming a new generation among ``members``; returns its number."""
         self.generation += 1
         self.members = tuple(sorted(members))
-        self._reported = {}
+        self._reported, self._needed = {}, {}
         return self.generation
 
     def at_least(self, generation: int) -> None:
@@ -60,9 +62,13 @@ class Membership:
         self.generation = max(self.generation, generation)
 
     def step_complete(self, rep: ReplicaReport) -> bool:
-        """Record ``rep``; True when every member has reported its barrier step."""
+        """Record ``rep``; True when every report the latest steps announced is in."""
         if rep.generation != self.generation or rep.replica not in self.members:
             return False
         g = rep.replica
         self._reported[g] = max(rep.barrier_step, self._reported.get(g, -1))
-        return all(self._reported.get(m, -1) >= rep.barrier_step for m in self.members)
+        if rep.barrier_flags and len(rep.barrier_flags) == len(rep.members):
+            for m, flag in zip(rep.members, rep.barrier_flags, strict=True):
+                if flag:
+                    self._needed[m] = max(rep.barrier_step, self._needed.get(m, -1))
+        return all(self._reported.get(m, -1) >= step for m, step in self._needed.items())

@@ -98,19 +98,26 @@ StreamEvent = TokenEvent | Admitted | StreamError
 
 @dataclass(frozen=True, slots=True)
 class ReplicaReport:
-    """One decode replica's measured state after one step (the scheduler's mirror input).
+    """One decode replica's state after one step (the scheduler's mirror input).
 
-    Rows ``running_ids[j]``, ``prompt_tokens[j]``, ``decoded_tokens[j]`` describe its
-    running requests; ``finished_ids`` ended since the previous report.
-    ``dropped_ids`` were taken (``admit`` answered ``queued``) and ended without
-    finishing: aborted by their owner, or refused by the engine at install time.
+    A **full** report (``full=True``) lists every running request in rows
+    ``running_ids[j]``, ``prompt_tokens[j]``, ``decoded_tokens[j]``; a **delta** lists
+    only the requests installed since the previous report there (the mirror advances
+    the others itself: every running request decodes one token per step). Both list
+    ``finished_ids`` (with ``finished_output_tokens``) and ``dropped_ids`` since the
+    previous report: dropped requests were taken (``admit`` answered ``queued``) and
+    ended without finishing (aborted by their owner, refused by the engine at install).
+    A replica sends a report only when it has something to say (a change, its periodic
+    full state, a keep-alive), except the group's rank 0, which reports every busy step.
+
     ``incarnation`` names the replica actor instance (a replacement starts at step 0).
     ``barrier_step`` counts the exchanges of ``generation`` so far: the same number on
-    every member after the same step (lock-step), unlike ``step``.
-    ``barrier_loads`` are the loads of ``members`` (replica indices, group rank order)
-    *during* this step (what each member's step computed with), as the step's
-    all-reduce delivered them; ``barrier_running`` their running counts during the step,
-    i.e. the tokens each produced (both empty when no barrier ran).
+    every member after the same step (lock-step), unlike ``step``. Rank 0's reports
+    carry the step's all-reduce for every member of ``members`` (replica indices, rank
+    order): ``barrier_loads`` (the load each member's step computed with),
+    ``barrier_running`` (its running requests, i.e. the tokens it produced) and
+    ``barrier_flags`` (1 where that member sends a report for this step); other
+    members leave the three empty.
     """
 
     replica: int
@@ -130,3 +137,5 @@ class ReplicaReport:
     dropped_ids: tuple[str, ...] = ()
     incarnation: str = ""
     barrier_step: int = 0
+    full: bool = True
+    barrier_flags: tuple[int, ...] = ()

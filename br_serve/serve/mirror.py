@@ -1,9 +1,10 @@
 """The scheduler's mirror of the decode replicas: measured rows plus what is in flight.
 
-Pure (no Ray, no asyncio). Rows of replica ``g`` in :attr:`Mirror.state` are always its
-latest :class:`ReplicaReport` (the truth at that step) plus the requests dispatched to
-``g`` that no report has accounted for yet (*in flight*). An in-flight entry leaves
-exactly when:
+Pure (no Ray, no asyncio). Rows of replica ``g`` in :attr:`Mirror.state` are what its
+reports said (its latest full report, changed by the deltas since) advanced by the
+steps run since (every running request decodes one token per step: the group's rank 0
+reports each step), plus the requests dispatched to ``g`` that no report has accounted
+for yet (*in flight*; they do not advance). An in-flight entry leaves exactly when:
 
 - a report of ``g`` lists it as running, finished or dropped;
 - ``g`` refused it (``full``) or could not pull its KV (``failed``): the scheduler puts
@@ -70,6 +71,10 @@ class Mirror:
         # key), kept from its dispatch until its row leaves the mirror
         self._requests: dict[str, PoolRequest] = {}
         self._seq = 0
+        # rows a report described (they advance with the steps; in-flight rows do not),
+        # and the (generation, barrier step) each replica's rows are advanced to
+        self._live = np.zeros(self.state.occupied.shape, dtype=bool)
+        self._adv: list[tuple[int, int]] = [(0, 0)] * replicas
         #: entries dropped because a report broke the replica's promise (a bug detector)
         self.expired = 0
 
@@ -97,7 +102,7 @@ class Mirror:
         """Record an assignment the policy made (its slot is taken from now on).
         Returns the dispatch's number, which its answer must quote."""
         self._seq += 1
-        self.state.admit(a, request)
+        self._admit_row(a.replica, a.request_id, a.prompt_tokens, 0, False, request)
         self.inflight[a.replica][a.request_id] = InFlight(request, ticket, self._seq)
         self._requests[a.request_id] = request
         return self._seq
@@ -126,8 +131,30 @@ class Mirror:
             self._requests.pop(request_id, None)
 
     # -- reports --------------------------------------------------------------------
+    def advance(self, members: tuple[int, ...], generation: int, step: int) -> None:
+        """Rank 0's report: every member finished barrier step ``step`` of
+        ``generation``; their reported rows decode one token per step."""
+        for g in members:
+            self._advance_to(g, generation, step)
+
+    def _advance_to(self, g: int, generation: int, step: int) -> int:
+        """Bring ``g``'s reported rows to ``step``; returns how many steps they are now
+        ahead of ``step`` (rows a report of ``step`` gives must be moved that far)."""
+        gen, at = self._adv[g]
+        if gen != generation:  # a new generation restarts the count
+            self._adv[g] = (generation, step)
+            return 0
+        if step > at:
+            where = np.zeros_like(self._live)
+            where[g] = self._live[g]
+            self.state.advance(step - at, where)
+            self._adv[g] = (generation, step)
+            return 0
+        return at - step
+
     def apply_report(self, rep: ReplicaReport) -> list[FinishedRow]:
-        """Rebuild replica ``rep.replica``'s rows; returns the rows that finished."""
+        """Apply replica ``rep.replica``'s report (full: its rows are replaced; delta:
+        finished and dropped rows go, installed ones come); returns the finished rows."""
         g = rep.replica
         if rep.incarnation:
             if self.incarnation[g] and rep.incarnation != self.incarnation[g]:
@@ -148,9 +175,38 @@ class Mirror:
                         g, rid, infl[rid].taken_step, rep.step)
             del infl[rid]
             self.expired += 1
-        self._rebuild(g, zip(rep.running_ids, rep.prompt_tokens, rep.decoded_tokens,
-                             strict=True))
+        lag = self._advance_to(g, rep.generation, rep.barrier_step)
+        rows = [(r, p, d + lag) for r, p, d in zip(rep.running_ids, rep.prompt_tokens,
+                                                    rep.decoded_tokens, strict=True)]
+        if rep.full:
+            self._rebuild(g, rows)
+        else:
+            self._apply_delta(g, rows, (*rep.finished_ids, *rep.dropped_ids))
         return finished
+
+    def _admit_row(self, g: int, rid: str, prompt: int, decoded: int, live: bool,
+                   request: PoolRequest | None) -> None:
+        self.state.admit(Assignment(rid, g, prompt), request, decoded_tokens=decoded)
+        self._live[self.state.where(rid)] = live
+
+    def _apply_delta(self, g: int, started: list[tuple[str, int, int]],
+                     ended: tuple[str, ...]) -> None:
+        st = self.state
+        for rid in ended:
+            if rid in st and st.where(rid)[0] == g:
+                st.finish(rid)
+                if rid not in self:
+                    self._requests.pop(rid, None)
+        if not st.alive[g]:
+            return
+        for rid, p, d in started:
+            if rid in st:
+                if st.where(rid)[0] != g:
+                    continue  # reported by two replicas across a migration; keep the first
+                st.finish(rid)  # its in-flight row becomes a measured one
+            if st.free_slots()[g] > 0:
+                self._admit_row(g, rid, p, d, True, self._requests.get(rid))
+        self._add_inflight_rows(g)
 
     def _rebuild(self, g: int, rows: Iterable[tuple[str, int, int]]) -> None:
         st = self.state
@@ -161,17 +217,21 @@ class Mirror:
             for rid, p, d in rows:
                 if rid in st:
                     continue  # reported by two replicas across a migration; keep the first
-                st.admit(Assignment(rid, g, p), self._requests.get(rid), decoded_tokens=d)
-            free = int(st.free_slots()[g])
-            for rid, e in self.inflight[g].items():
-                if free <= 0:
-                    break  # more in flight than slots: the report will show which ran
-                if rid not in st:
-                    st.admit(Assignment(rid, g, e.request.prompt_tokens), e.request)
-                    free -= 1
+                self._admit_row(g, rid, p, d, True, self._requests.get(rid))
+            self._add_inflight_rows(g)
         for rid in old:
             if rid not in self:
                 self._requests.pop(rid, None)
+
+    def _add_inflight_rows(self, g: int) -> None:
+        st = self.state
+        free = int(st.free_slots()[g])
+        for rid, e in self.inflight[g].items():
+            if free <= 0:
+                break  # more in flight than slots: a report will show which ran
+            if rid not in st:
+                self._admit_row(g, rid, e.request.prompt_tokens, 0, False, e.request)
+                free -= 1
 
     # -- membership -----------------------------------------------------------------
     def set_dead(self, g: int) -> tuple[list[InFlight], list[str]]:
@@ -198,4 +258,5 @@ class Mirror:
                 self._requests.pop(rid, None)
             self.inflight[g].clear()
         self.incarnation[g] = incarnation
+        self._adv[g] = (0, 0)
         self.state.set_alive(g, True)

@@ -155,6 +155,8 @@ class SchedulerCore:
         """Apply one replica's post-step report (ignored for a dead replica)."""
         if not self.mirror.alive()[rep.replica]:
             return ReportOutcome(False)
+        if rep.barrier_loads and rep.generation == self.members.generation:
+            self.mirror.advance(rep.members, rep.generation, rep.barrier_step)
         finished = self.mirror.apply_report(rep)
         if finished and self.predictor is not None:
             n = len(finished)

@@ -37,15 +37,16 @@ class FakeBarrier:
 
     generation = 1
     members = (0,)
+    rank = 0
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, int]] = []
         self.steps = 0
 
-    def exchange(self, load_tokens: int, running: int) -> np.ndarray:
+    def exchange(self, load_tokens: int, running: int, reports: int = 0) -> np.ndarray:
         self.rows.append((int(load_tokens), int(running)))
         self.steps += 1
-        return np.array([[load_tokens, running]], dtype=np.int64)
+        return np.array([[load_tokens, running, reports]], dtype=np.int64)
 
     def close(self) -> None:
         return None

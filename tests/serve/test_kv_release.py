@@ -87,7 +87,7 @@ def test_abort_before_install_is_reported_as_dropped(
     asyncio.run(scenario())
     installs, aborts = rep.book.take_work()
     assert installs == [] and aborts == []
-    assert rep.book.take_report() == ([], ["a"])
+    assert rep.book.take_report() == ([], ["a"], [])
     assert rep.book.taken() == 0
 
 
@@ -99,7 +99,7 @@ def test_failed_install_is_reported_as_dropped(
     asyncio.run(rep.admit(bad))
     rep._loop = None  # that loop is closed: no poll wake-ups to deliver
     rep._install()
-    assert rep.book.take_report() == ([], ["bad"])
+    assert rep.book.take_report() == ([], ["bad"], [])
     errors = [e for e in rep._outbox["ingress-x"] if isinstance(e, StreamError)]
     assert [e.request_id for e in errors] == ["bad"] and "admit failed" in errors[0].message
 

@@ -28,7 +28,7 @@ from br_serve.core import build_policy
 from br_serve.engine.base import SamplingParams
 from br_serve.engine.emulated import EmulatedEngine
 from br_serve.serve.messages import Admission, AdmitReply, ReplicaReport
-from br_serve.serve.replica_book import ReplicaBook
+from br_serve.serve.replica_book import ReplicaBook, ReportClock, as_delta, build_report
 from br_serve.serve.sched_core import Dispatch, SchedulerCore
 from br_serve.transport.base import KVHandle
 
@@ -46,6 +46,14 @@ class FakeReplica:
         kv_bytes_per_token=1, step_b_s=0.0, sleep=lambda s: None))
     step: int = 0
     pulling: dict[str, Admission] = field(default_factory=dict)
+    clock: ReportClock = field(default_factory=lambda: ReportClock(0, full_every=5))
+    # what build_report reads of a barrier generation (this fake has none)
+    generation: int = 1
+    members: tuple[int, ...] = ()
+
+    @property
+    def steps(self) -> int:
+        return self.step
 
     def accept(self, item: Admission) -> AdmitReply | None:
         """``admit`` up to the pull: an answer now, or None (pull in progress)."""
@@ -63,25 +71,25 @@ class FakeReplica:
         self.book.pulled(item, bytes(item.prompt_tokens))
         return AdmitReply("queued", self.step, self.incarnation)
 
-    def run_step(self) -> ReplicaReport:
+    def run_step(self) -> ReplicaReport | None:
+        """One step as the decode replica runs it; its report if it sends one (a delta
+        with news, else its periodic full state, else nothing)."""
         installs, aborts = self.book.take_work()
         for rid in aborts:
             self.engine.abort(rid)
         for a, kv in installs:
             self.engine.admit(a.request_id, kv, a.prompt_tokens, a.first_token_id, a.params)
         self.book.route(self.engine.step())
+        fin, drop, started = self.book.take_report()
+        send, full = self.clock.decide(news=bool(fin or drop or started),
+                                       barrier_step=self.step + 1, now_s=0.0)
         self.step += 1
-        fin, drop = self.book.take_report()
-        ids = tuple(self.engine.running_ids())
-        return ReplicaReport(
-            replica=self.index, generation=1, step=self.step,
-            load_tokens=self.engine.load_tokens(), running_ids=ids,
-            prompt_tokens=tuple(self.engine.prompt_tokens_of(r) for r in ids),
-            decoded_tokens=tuple(self.engine.decoded_steps(r) for r in ids),
-            finished_ids=tuple(f[0] for f in fin),
-            finished_output_tokens=tuple(f[1] for f in fin), members=(), barrier_loads=(),
-            barrier_running=(), compute_s=0.0, barrier_s=0.0, dropped_ids=tuple(drop),
-            incarnation=self.incarnation)
+        rep = build_report(self.index, self.incarnation, self.engine, self.step, self,
+                           None, fin, drop, started)
+        if not send:
+            return None
+        self.clock.sent(True, 0.0)
+        return rep if full else as_delta(rep, started)
 
 
 class World:
@@ -150,8 +158,9 @@ class World:
     def step(self, k: int) -> None:
         rep = self.replicas[k % len(self.replicas)]
         report = rep.run_step()
-        self.live -= set(report.finished_ids) | set(report.dropped_ids)
-        self.reports[rep.index].append(report)
+        if report is not None:  # news is always sent
+            self.live -= set(report.finished_ids) | set(report.dropped_ids)
+            self.reports[rep.index].append(report)
 
     def deliver_report(self, k: int) -> None:
         queues = [q for q in self.reports.values() if q]
@@ -264,7 +273,7 @@ def test_taken_request_missing_from_later_reports_expires() -> None:
     _inc, d = w.calls.pop()
     w.core.answered(d, AdmitReply("queued", 5, "i0.0"))
     assert w.core.mirror.state.running_requests()[0] == 1
-    report: Any = w.replicas[0].run_step()  # an empty report of step 1
+    report: Any = w.replicas[0].run_step()  # a full report of step 1 (nothing running)
     for step in (6, 7):
         w.core.on_report(_with(report, step=step))
     assert w.core.mirror.state.running_requests()[0] == 0
@@ -275,3 +284,86 @@ def _with(rep: ReplicaReport, **kw: Any) -> ReplicaReport:
     import dataclasses
 
     return dataclasses.replace(rep, **kw)
+
+
+class _Group:
+    """Lock-step replicas as one barrier generation: every step all of them step, rank 0
+    reports the barrier rows, the others only their news or periodic full state."""
+
+    generation = 1
+
+    def __init__(self, g: int) -> None:
+        self.members = tuple(range(g))
+        self.steps = 0
+        self.replicas = [FakeReplica(i, f"i{i}") for i in range(g)]
+
+    def step_all(self) -> list[ReplicaReport]:
+        import numpy as np
+
+        rows, pending = [], []
+        for r in self.replicas:  # what each step computed with, before stepping
+            rows.append((r.engine.load_tokens(), r.engine.running(), 0))
+        self.steps += 1
+        out = []
+        for r in self.replicas:
+            installs, aborts = r.book.take_work()
+            for a, kv in installs:
+                r.engine.admit(a.request_id, kv, a.prompt_tokens, a.first_token_id, a.params)
+            r.book.route(r.engine.step())
+            fin, drop, started = r.book.take_report()
+            send, full = r.clock.decide(news=bool(fin or drop or started),
+                                        barrier_step=self.steps, now_s=0.0)
+            r.step += 1
+            pending.append((r, fin, drop, started, send, full))
+        mat = np.array([(ld, n, int(p[4])) for (ld, n, _), p in zip(rows, pending,
+                                                                    strict=True)])
+        for r, fin, drop, started, send, full in pending:
+            rank0 = r.index == 0
+            rep = build_report(r.index, r.incarnation, r.engine, r.step, self,
+                               mat if rank0 else None, fin, drop, started)
+            if send or (rank0 and mat[:, 1].any()):
+                r.clock.sent(True, 0.0)
+                out.append(rep if full else as_delta(rep, started))
+        return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(plan=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1000)), min_size=1,
+                     max_size=60))
+def test_self_advancing_mirror_matches_the_replicas(plan: list[tuple[int, int]]) -> None:
+    """Rows advance one token per step from rank 0's reports alone; deltas and periodic
+    full states arrive in any order across replicas (in order per replica): once all
+    are in, the mirror's loads and running counts are the engines'."""
+    import random
+
+    grp = _Group(3)
+    core = SchedulerCore(3, SLOTS, 8, (0.0, 0.01, 0.0), build_policy("jsq"), detail=True,
+                         clock=iter(range(10**9)).__next__)
+    for r in grp.replicas:
+        core.mark_alive(r.index, r.incarnation)
+    core.members.begin(grp.members)
+    grp.generation = core.members.generation
+    queues: dict[int, collections.deque[ReplicaReport]] = collections.defaultdict(
+        collections.deque)
+    n = 0
+    for submits, k in plan:
+        rng = random.Random(k)
+        for _ in range(submits):
+            params = SamplingParams(max_tokens=2 + rng.randrange(12), seed=n)
+            p = 1 + rng.randrange(9)
+            core.submit(Admission(f"q{n}", "o", p, 0, params, KVHandle("fake", f"q{n}", p)))
+            n += 1
+        for d in core.tick():
+            r = grp.replicas[d.replica]
+            assert r.accept(d.admission) is None
+            core.answered(d, r.finish_pull(d.admission.request_id, True))
+        for rep in grp.step_all():
+            queues[rep.replica].append(rep)
+        while any(queues.values()) and rng.random() < 0.7:  # deliver some, in any order
+            q = rng.choice([q for q in queues.values() if q])
+            core.on_report(q.popleft())
+    while any(queues.values()):
+        core.on_report(next(q for q in queues.values() if q).popleft())
+    st_ = core.mirror.state
+    assert st_.load_tokens().tolist() == [r.engine.load_tokens() for r in grp.replicas]
+    assert st_.running_requests().tolist() == [r.engine.running() for r in grp.replicas]
