@@ -306,7 +306,7 @@ class _Group:
         self.steps += 1
         out = []
         for r in self.replicas:
-            installs, aborts = r.book.take_work()
+            installs, _ = r.book.take_work()  # nothing is aborted here
             for a, kv in installs:
                 r.engine.admit(a.request_id, kv, a.prompt_tokens, a.first_token_id, a.params)
             r.book.route(r.engine.step())
