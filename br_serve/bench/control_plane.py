@@ -107,19 +107,32 @@ def _cpu_by_kind(kinds: dict[str, list[int]]) -> dict[str, float]:
     return out
 
 
+#: how each token's SSE event starts (error events start with {"error" and do not count)
+_TOKEN_EVENT = b'data: {"id"'
+
+
 async def _stream(client: Any, i: int, tokens: int, t0: float) -> dict[str, Any]:
+    """One streaming completion; the arrival time of each token event. Counts events in
+    the raw bytes (a marker split across reads is kept): the client must not be the
+    bottleneck of a control-plane benchmark, and exactness is tested elsewhere."""
     payload = {"model": MODEL, "prompt": " ".join(["w"] * (4 + i % 4)),
                "max_tokens": tokens, "seed": i, "stream": True}
     times: list[float] = []
     sent = time.perf_counter() - t0
+    tail = b""
+    keep = len(_TOKEN_EVENT) - 1
     async with client.stream("POST", "/v1/completions", json=payload) as r:
         if r.status_code != 200:
             return {"status": r.status_code, "times": [], "sent": sent}
-        async for line in r.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                ev = json.loads(line[6:])
-                if any(ch.get("text") for ch in ev.get("choices", [])):
-                    times.append(time.perf_counter() - t0)
+        async for piece in r.aiter_raw():
+            buf = tail + piece
+            n = buf.count(_TOKEN_EVENT)
+            if n:
+                now = time.perf_counter() - t0
+                times.extend([now] * n)
+            # the marker has no suffix that is also its prefix, so keeping the last
+            # len - 1 bytes never counts one twice
+            tail = buf[-keep:]
     return {"status": 200, "times": times, "sent": sent}
 
 
@@ -153,13 +166,15 @@ def _profiler(kinds: dict[str, list[int]], out: Path, delay_s: float, duration_s
         await asyncio.sleep(delay_s)
         out.mkdir(parents=True, exist_ok=True)
         procs = []
-        for kind, pids in kinds.items():
-            if not pids or kind in ("raylet+gcs", "client"):
-                continue
+        targets = [(k, p[0]) for k, p in kinds.items()
+                   if p and k not in ("raylet+gcs", "client")]
+        if len(kinds["decode"]) > 1:  # rank 0 reports every step: also one that does not
+            targets.append(("decode_last", kinds["decode"][-1]))
+        for kind, pid in targets:
             cmd = [_py_spy(), "record", "--nonblocking", "--gil", "--rate", "100",
                    "--format", "raw",
                    "--duration", str(int(duration_s)), "--output", str(out / f"{kind}.txt"),
-                   "--pid", str(pids[0])]
+                   "--pid", str(pid)]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
         while any(p.poll() is None for p in procs):

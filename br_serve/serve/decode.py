@@ -43,7 +43,7 @@ import time
 import uuid
 from typing import Any
 
-from br_serve.engine.base import DecodeEngine, TokenEvent
+from br_serve.engine.base import DecodeEngine
 from br_serve.serve.barrier import Barrier, BarrierError, open_store
 from br_serve.serve.messages import (
     Admission,
@@ -51,7 +51,7 @@ from br_serve.serve.messages import (
     Admitted,
     ReplicaReport,
     StreamError,
-    StreamEvent,
+    WireEvent,
 )
 from br_serve.serve.replica_book import ReplicaBook, ReportClock, as_delta, build_report
 from br_serve.transport.base import TransportError
@@ -86,7 +86,7 @@ class DecodeReplica:
         self._wake_step = threading.Condition(self._lock)
         self.book = ReplicaBook(self.cfg.slots)
         self._clock = ReportClock(index)
-        self._outbox: dict[str, list[StreamEvent]] = collections.defaultdict(list)
+        self._outbox: dict[str, list[WireEvent]] = collections.defaultdict(list)
         self._barrier: Barrier | None = None
         self._pending_join: tuple[int, int, tuple[int, ...], int, asyncio.Future[bool]
                                   ] | None = None
@@ -172,8 +172,9 @@ class DecodeReplica:
             self.book.abort(request_id)
             self._wake_step.notify_all()
 
-    async def poll(self, owner: str, timeout_s: float = 1.0) -> list[StreamEvent]:
-        """Events for ``owner`` since its last poll; waits up to ``timeout_s`` for some."""
+    async def poll(self, owner: str, timeout_s: float = 1.0) -> list[WireEvent]:
+        """Events for ``owner`` since its last poll (tokens as :data:`WireToken` tuples);
+        waits up to ``timeout_s`` for some."""
         self._loop = asyncio.get_running_loop()
         ev = self._poll_wake.setdefault(owner, asyncio.Event())
         if not self._outbox.get(owner):
@@ -194,7 +195,7 @@ class DecodeReplica:
             self._wake_step.notify_all()
 
     # -- internals -------------------------------------------------------------------
-    def _emit(self, owner: str, events: list[StreamEvent]) -> None:
+    def _emit(self, owner: str, events: list[WireEvent]) -> None:
         with self._lock:
             self._outbox[owner].extend(events)
         loop = self._loop
@@ -335,12 +336,6 @@ class DecodeReplica:
                     owner = self.book.install_failed(a.request_id)
                 self._emit(owner or a.owner, [StreamError(a.request_id,
                                                           f"admit failed: {exc}")])
-
-    def _deliver(self, events: list[TokenEvent]) -> None:
-        with self._lock:
-            by_owner = self.book.route(events)
-        for owner, evs in by_owner.items():
-            self._emit(owner, evs)
 
 
 def _exit_process() -> None:

@@ -57,6 +57,43 @@ class _Lost:
     replica: int
 
 
+class Inbox:
+    """One request's incoming events, handed over all at once (a step's worth, or more
+    when the stream fell behind), without an asyncio task per event."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: Any) -> None:
+        self._items.append(item)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def take(self, timeout_s: float) -> list[Any]:
+        """Everything queued; waits up to ``timeout_s`` for something ([] if nothing)."""
+        if not self._items:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiter = fut
+            timer = loop.call_later(timeout_s, _wake, fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                self._waiter = None
+        out, self._items = self._items, []
+        return out
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class StreamerIO:
     """See the module docstring. Set up by :meth:`_io_init`."""
 
@@ -67,7 +104,7 @@ class StreamerIO:
         self._scheduler = scheduler
         self._decode = list(decode)
         self._replace = replace
-        self._queues: dict[str, asyncio.Queue[Any]] = {}
+        self._queues: dict[str, Inbox] = {}
         self._placement: dict[str, int] = {}
         self._pending: dict[str, Admission] = {}
         self._dead: set[int] = set()
@@ -101,12 +138,13 @@ class StreamerIO:
                 await asyncio.sleep(1.0)
                 continue
             for ev in events:
-                q = self._queues.get(ev.request_id)
+                rid = ev[0] if type(ev) is tuple else ev.request_id  # tokens are tuples
+                q = self._queues.get(rid)
                 if q is not None:
-                    q.put_nowait(ev)
+                    q.put(ev)
                 elif isinstance(ev, Admitted):
                     # nobody waits for it any more (client gone): free the slot
-                    handle.abort.remote(ev.request_id)
+                    handle.abort.remote(rid)
 
     async def _lost(self, g: int, handle: Any) -> bool:
         """Replica ``g`` is gone: end its streams' attempts, replace it. False when
@@ -114,7 +152,7 @@ class StreamerIO:
         self._dead.add(g)
         for rid, where in list(self._placement.items()):
             if where == g and rid in self._queues:
-                self._queues[rid].put_nowait(_Lost(g))
+                self._queues[rid].put(_Lost(g))
         self._scheduler.replica_lost.remote(g)
         if self._replace is None:
             return False

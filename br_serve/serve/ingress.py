@@ -60,6 +60,31 @@ def _generate_error(exc: GenerateError) -> JSONResponse:
     return _error(exc.status, exc.message, exc.type, exc.param, headers=headers)
 
 
+class _ChunkTemplate:
+    """The SSE event of a middle token (neither the first nor the last) of one stream:
+    ``oa.chunk_body``'s JSON with the text spliced in, the same bytes as
+    ``json.dumps(oa.chunk_body(...))``, without building and encoding a dict per token
+    (remade when ``created``, a whole second, changes)."""
+
+    _MARK = r"\u0000"  # how json.dumps writes the placeholder text "\0"
+
+    def __init__(self, rid: str, model: str, chat: bool) -> None:
+        self.rid, self.model, self.chat = rid, model, chat
+        self._second = -1
+        self._head = self._tail = ""
+
+    def event(self, text: str) -> str:
+        if int(time.time()) != self._second:
+            body = oa.chunk_body(self.rid, self.model, "\0", None, self.chat)
+            self._second = int(body["created"])
+            self._head, found, self._tail = json.dumps(body).partition(f'"{self._MARK}"')
+            if not found:  # a body shape without the text as one JSON string
+                self._second = -1
+                body = oa.chunk_body(self.rid, self.model, text, None, self.chat)
+                return f"data: {json.dumps(body)}\n\n"
+        return f"data: {self._head}{json.dumps(text)}{self._tail}\n\n"
+
+
 def _token_dict(tok: Token) -> dict[str, Any]:
     d = {"index": tok.index, "token_id": tok.token_id, "text": tok.text,
          "finished": tok.finished, "finish_reason": tok.finish_reason,
@@ -146,8 +171,10 @@ class Ingress:
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
         try:
-            async for tok in self._timed(self.streamer.generate(prompt, params, request_id)):
-                yield _token_dict(tok)
+            async for batch in self._timed(self.streamer.generate_batches(prompt, params,
+                                                                          request_id)):
+                for tok in batch:
+                    yield _token_dict(tok)
         except GenerateError as exc:
             item = {"index": 0, "finished": True, "finish_reason": "error",
                     "error": exc.message, "status": exc.status}
@@ -238,7 +265,7 @@ class Ingress:
         params = req.sampling()
         rid = self.streamer.new_request_id()
         public_id = ("chatcmpl-" if chat else "cmpl-") + rid
-        gen = self._timed(self.streamer.generate(prompt, params, rid))
+        gen = self._timed(self.streamer.generate_batches(prompt, params, rid))
         try:
             first = await gen.__anext__()
         except GenerateError as exc:
@@ -250,59 +277,78 @@ class Ingress:
             return StreamingResponse(
                 self._sse(first, gen, public_id, chat, include),
                 media_type="text/event-stream")
-        toks = [first]
-        async for tok in gen:
-            toks.append(tok)
+        toks = list(first)
+        async for batch in gen:
+            toks.extend(batch)
         last = toks[-1]
         if last.error is not None:
             return _error(500, last.error, "server_error")
         text = "".join(t.text for t in toks)
-        use = oa.usage(first.prompt_tokens, len(toks))
+        use = oa.usage(toks[0].prompt_tokens, len(toks))
         return oa.completion_body(public_id, self.cfg.model, text, last.finish_reason, use,
                                   chat)
 
-    async def _sse(self, first: Token, gen: AsyncGenerator[Token, None], rid: str, chat: bool,
-                   include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(self, first: list[Token], gen: AsyncGenerator[list[Token], None],
+                   rid: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+        """SSE events of one stream: one chunk per token (OpenAI's shape), written
+        together when they arrived together (fewer writes through Serve's proxy, the
+        same bytes)."""
         model = self.cfg.model
         n = 0
-        tok: Token | None = first
+        batch: list[Token] | None = first
         is_first = True
+        middle = _ChunkTemplate(rid, model, chat)
         try:
-            while tok is not None:
-                if tok.error is not None:
-                    err = oa.error_body(tok.error, "server_error")
-                    yield f"data: {json.dumps(err)}\n\n"
-                    break
-                n += 1
-                use = oa.usage(tok.prompt_tokens, n) if tok.finished else None
-                body = oa.chunk_body(rid, model, tok.text, tok.finish_reason if tok.finished
-                                     else None, chat, first=is_first, use=use)
-                is_first = False
-                yield f"data: {json.dumps(body)}\n\n"
-                if tok.finished:
-                    if include_usage:
-                        body = oa.chunk_body(rid, model, None, None, chat,
-                                             use=oa.usage(tok.prompt_tokens, n),
-                                             empty_choices=True)
-                        yield f"data: {json.dumps(body)}\n\n"
-                    break
-                tok = await anext(gen, None)
+            while batch is not None:
+                out: list[str] = []
+                done = False
+                for tok in batch:
+                    if tok.error is not None:
+                        err = oa.error_body(tok.error, "server_error")
+                        out.append(f"data: {json.dumps(err)}\n\n")
+                        done = True
+                        break
+                    n += 1
+                    if not (is_first or tok.finished):
+                        out.append(middle.event(tok.text))
+                        continue
+                    use = oa.usage(tok.prompt_tokens, n) if tok.finished else None
+                    body = oa.chunk_body(rid, model, tok.text, tok.finish_reason
+                                         if tok.finished else None, chat, first=is_first,
+                                         use=use)
+                    is_first = False
+                    out.append(f"data: {json.dumps(body)}\n\n")
+                    if tok.finished:
+                        if include_usage:
+                            body = oa.chunk_body(rid, model, None, None, chat,
+                                                 use=oa.usage(tok.prompt_tokens, n),
+                                                 empty_choices=True)
+                            out.append(f"data: {json.dumps(body)}\n\n")
+                        done = True
+                        break
+                if done:
+                    out.append("data: [DONE]\n\n")
+                yield "".join(out)
+                if done:
+                    return
+                batch = await anext(gen, None)
             yield "data: [DONE]\n\n"
         finally:
             await gen.aclose()
 
-    async def _timed(self, gen: AsyncIterator[Token]) -> AsyncGenerator[Token, None]:
-        """Record TTFT and TPOT of one stream."""
+    async def _timed(self, gen: AsyncIterator[list[Token]]
+                     ) -> AsyncGenerator[list[Token], None]:
+        """Record TTFT and TPOT of one stream (batches pass through unchanged)."""
         t0 = time.perf_counter()
         t_first = 0.0
         n = 0
-        async for tok in gen:
-            n += 1
-            if n == 1:
+        async for batch in gen:
+            if n == 0:
                 t_first = time.perf_counter()
                 if self._metrics is not None:
                     self._metrics.ttft_ms.observe((t_first - t0) * 1e3)
-            if tok.finished and n > 1 and self._metrics is not None:
+            n += len(batch)
+            if batch[-1].finished and n > 1 and self._metrics is not None:
                 self._metrics.tpot_ms.observe((time.perf_counter() - t_first) * 1e3 / (n - 1))
-            yield tok
+            yield batch
 

@@ -91,6 +91,14 @@ class Mirror:
             return self.state.where(request_id)[0]
         return next((g for g, f in enumerate(self.inflight) if request_id in f), -1)
 
+    def dispatch_of(self, request_id: str) -> int | None:
+        """The number of the dispatch of ``request_id`` still in flight, if any."""
+        for f in self.inflight:
+            e = f.get(request_id)
+            if e is not None:
+                return e.seq
+        return None
+
     def alive(self) -> np.ndarray:
         return self.state.alive
 
@@ -134,8 +142,16 @@ class Mirror:
     def advance(self, members: tuple[int, ...], generation: int, step: int) -> None:
         """Rank 0's report: every member finished barrier step ``step`` of
         ``generation``; their reported rows decode one token per step."""
+        inc = np.zeros(self.g, dtype=np.int64)
         for g in members:
-            self._advance_to(g, generation, step)
+            gen, at = self._adv[g]
+            if gen != generation:
+                self._adv[g] = (generation, step)
+            elif step > at:
+                inc[g] = step - at
+                self._adv[g] = (generation, step)
+        if inc.any():
+            self.state.advance(inc, self._live)
 
     def _advance_to(self, g: int, generation: int, step: int) -> int:
         """Bring ``g``'s reported rows to ``step``; returns how many steps they are now

@@ -34,7 +34,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from br_serve.engine.base import DecodeEngine, TokenEvent
-from br_serve.serve.messages import Admission, AdmitStatus, ReplicaReport, StreamEvent
+from br_serve.serve.messages import (
+    Admission,
+    AdmitStatus,
+    ReplicaReport,
+    WireEvent,
+    wire_token,
+)
 
 _PULLING, _QUEUED, _INSTALLED = "pulling", "queued", "installed"
 
@@ -138,16 +144,17 @@ class ReplicaBook:
             self._started.remove(request_id)
         return owner
 
-    def route(self, events: Iterable[TokenEvent]) -> dict[str, list[StreamEvent]]:
-        """Group one step's events by owner; a finished request leaves the book."""
-        out: dict[str, list[StreamEvent]] = {}
+    def route(self, events: Iterable[TokenEvent]) -> dict[str, list[WireEvent]]:
+        """Group one step's events by owner (as :data:`WireToken` tuples); a finished
+        request leaves the book."""
+        out: dict[str, list[WireEvent]] = {}
         for e in events:
             owner = self._owner.get(e.request_id)
             if e.finished and e.request_id in self._state:
                 self._finished.append((e.request_id, e.index + 1))
                 self._end(e.request_id, dropped=False)
             if owner is not None:
-                out.setdefault(owner, []).append(e)
+                out.setdefault(owner, []).append(wire_token(e))
         return out
 
     def take_report(self) -> tuple[list[tuple[str, int]], list[str], list[str]]:

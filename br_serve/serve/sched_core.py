@@ -141,8 +141,12 @@ class SchedulerCore:
         rid = d.admission.request_id
         entry = self.mirror.answered(d.replica, rid, d.seq, reply)
         if reply is not None and (reply.taken or reply.status == "failed"):
-            if self.admissions.get(rid) is d.admission:
-                del self.admissions[rid]  # the replica (or the re-prefill) owns it
+            later = self.mirror.dispatch_of(rid)
+            if rid not in self.pool and (later is None or later == d.seq):
+                # the replica (or the re-prefill) owns it now; a late answer of a
+                # superseded dispatch (its replica died, the request went back to the
+                # pool or elsewhere) must not drop the admission of the newer one
+                self.admissions.pop(rid, None)
             return False
         if entry is None or rid not in self.admissions:
             return False  # cancelled meanwhile, or already handled

@@ -35,9 +35,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from br_serve.engine.base import SamplingParams, TokenEvent
+from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import GraphConfig
-from br_serve.serve.events import GenerateError, Replacer, StreamerIO, _Lost
+from br_serve.serve.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
 from br_serve.serve.gate import AdmissionGate
 from br_serve.serve.messages import Admission, Admitted, PrefillOutput, StreamError
 from br_serve.serve.rpc import GONE
@@ -90,6 +90,19 @@ class Streamer(StreamerIO):
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncGenerator[Token, None]:
         """Stream the tokens of one request (see the module docstring)."""
+        batches = self.generate_batches(prompt, params, request_id)
+        try:
+            async for batch in batches:
+                for tok in batch:
+                    yield tok
+        finally:
+            await batches.aclose()
+
+    async def generate_batches(self, prompt: str | list[int], params: SamplingParams,
+                               request_id: str | None = None
+                               ) -> AsyncGenerator[list[Token], None]:
+        """:meth:`generate` in batches: the tokens that arrived together (one per step,
+        or more when the stream is behind), in order; an error token comes alone."""
         self._ensure_started()
         if len(self._dead) >= len(self._decode):
             raise GenerateError(503, "no decode replica is alive", "service_unavailable")
@@ -100,14 +113,14 @@ class Streamer(StreamerIO):
                                 "rate_limit_exceeded", retry_after_s=retry)
         inner = self._generate(prompt, params, request_id)
         try:
-            async for tok in inner:
-                yield tok
+            async for batch in inner:
+                yield batch
         finally:
             await inner.aclose()  # its own clean-up (_forget) now, not at garbage collection
             self.gate.leave()
 
     async def _generate(self, prompt: str | list[int], params: SamplingParams,
-                        request_id: str | None) -> AsyncGenerator[Token, None]:
+                        request_id: str | None) -> AsyncGenerator[list[Token], None]:
         base = request_id or self.new_request_id()
         seed = params.seed if params.seed is not None else zlib.crc32(base.encode())
         produced: list[Token] = []
@@ -126,12 +139,12 @@ class Streamer(StreamerIO):
                 first = Token(len(produced), out.first_token_id, out.first_token_text,
                               out.finished, out.finish_reason, prompt_tokens)
                 if out.finished:
-                    yield first
+                    yield [first]
                     return
                 assert out.kv is not None
                 entry = Admission(rid, self.owner, out.prompt_tokens, out.first_token_id, p,
                                   out.kv, arrival_s=arrival_s)
-                self._queues[rid] = asyncio.Queue()
+                self._queues[rid] = Inbox()
                 self._pending[rid] = entry
                 status = await self._call_scheduler("submit", entry)
                 if status in ("full", "no_replica"):
@@ -152,8 +165,8 @@ class Streamer(StreamerIO):
                     self._scheduler.cancel.remote(rid)
                 if not produced:
                     raise
-                yield Token(len(produced), -1, "", True, "error", prompt_tokens,
-                            error=exc.message)
+                yield [Token(len(produced), -1, "", True, "error", prompt_tokens,
+                             error=exc.message)]
                 return
             produced.append(first)
             outcome = ""
@@ -161,14 +174,17 @@ class Streamer(StreamerIO):
                 # inside the try: a client gone at the first token still drops its
                 # pool entry and KV (_forget), else both leak and a scheduler restart
                 # would resubmit it
-                yield first
-                async for tok in self._follow(rid, entry, len(produced) - 1, prompt_tokens):
-                    if tok.error is not None:
-                        outcome = tok.error
+                yield [first]
+                async for batch in self._follow(rid, entry, len(produced) - 1,
+                                                prompt_tokens):
+                    good = batch if batch[-1].error is None else batch[:-1]
+                    produced.extend(good)
+                    if good:
+                        yield good
+                    if len(good) < len(batch):
+                        outcome = batch[-1].error or ""
                         break
-                    produced.append(tok)
-                    yield tok
-                    if tok.finished:
+                    if good[-1].finished:
                         return
             except GenerateError as exc:  # the scheduler stayed unreachable
                 outcome = f"fatal: {exc.message}"
@@ -176,8 +192,8 @@ class Streamer(StreamerIO):
                 self._forget(rid)
             attempt += 1
             if attempt > _MAX_REPREFILL or outcome.startswith("fatal"):
-                yield Token(len(produced), -1, "", True, "error", prompt_tokens,
-                            error=f"request failed on the decode side: {outcome}")
+                yield [Token(len(produced), -1, "", True, "error", prompt_tokens,
+                             error=f"request failed on the decode side: {outcome}")]
                 return
             log.warning("ingress: re-prefilling %s after %s (%d tokens done)", base,
                         outcome, len(produced))
@@ -209,44 +225,52 @@ class Streamer(StreamerIO):
         return out
 
     async def _follow(self, rid: str, entry: Admission, offset: int,
-                      prompt_tokens: int) -> AsyncIterator[Token]:
-        """Tokens of one attempt. Yields an ``error`` token when the attempt is lost:
-        ``"lost: ..."`` is retryable, ``"fatal: ..."`` is not."""
-        q = self._queues[rid]
+                      prompt_tokens: int) -> AsyncIterator[list[Token]]:
+        """Tokens of one attempt, in batches. A lost attempt ends with a batch whose
+        last token has ``error`` set: ``"lost: ..."`` is retryable, ``"fatal: ..."`` is
+        not."""
+        inbox = self._queues[rid]
         nxt = 1  # engine index of the next expected token (0 came from prefill)
         while True:
-            try:
-                ev = await asyncio.wait_for(q.get(), _WATCHDOG_S)
-            except TimeoutError:
+            events = await inbox.take(_WATCHDOG_S)
+            if not events:
                 lost = await self._check(rid, entry)
                 if lost:
-                    yield Token(-1, -1, "", error=lost)
+                    yield [Token(-1, -1, "", error=lost)]
                     return
                 continue
-            if isinstance(ev, Admitted):
-                prev = self._placement.get(rid)
-                if prev is not None and prev != ev.replica:
-                    self._decode[ev.replica].abort.remote(rid)  # duplicate admission
-                    continue
-                self._placement[rid] = ev.replica
-                self._pending.pop(rid, None)
-                if ev.replica in self._dead:
-                    yield Token(-1, -1, "", error=f"lost: replica {ev.replica} died")
-                    return
-            elif isinstance(ev, _Lost):
-                if self._placement.get(rid) == ev.replica:
-                    yield Token(-1, -1, "", error=f"lost: replica {ev.replica} died")
-                    return
-            elif isinstance(ev, StreamError):
-                kind = "lost" if ev.retryable else "fatal"
-                yield Token(-1, -1, "", error=f"{kind}: {ev.message}")
+            out: list[Token] = []
+            end = ""
+            for ev in events:
+                if type(ev) is tuple:  # a token (WireToken)
+                    _, token_id, text, index, finished, reason = ev
+                    if index != nxt:
+                        continue  # duplicate (or stale) delivery
+                    nxt += 1
+                    out.append(Token(offset + index, token_id, text, finished, reason,
+                                     prompt_tokens, self._placement.get(rid, -1)))
+                elif isinstance(ev, Admitted):
+                    prev = self._placement.get(rid)
+                    if prev is not None and prev != ev.replica:
+                        self._decode[ev.replica].abort.remote(rid)  # duplicate admission
+                        continue
+                    self._placement[rid] = ev.replica
+                    self._pending.pop(rid, None)
+                    if ev.replica in self._dead:
+                        end = f"lost: replica {ev.replica} died"
+                elif isinstance(ev, _Lost):
+                    if self._placement.get(rid) == ev.replica:
+                        end = f"lost: replica {ev.replica} died"
+                elif isinstance(ev, StreamError):
+                    end = f"{'lost' if ev.retryable else 'fatal'}: {ev.message}"
+                if end or (out and out[-1].finished):
+                    break
+            if end:
+                out.append(Token(-1, -1, "", error=end))
+            if out:
+                yield out
+            if end:
                 return
-            elif isinstance(ev, TokenEvent):
-                if ev.index != nxt:
-                    continue  # duplicate (or stale) delivery
-                nxt += 1
-                yield Token(offset + ev.index, ev.token_id, ev.text, ev.finished,
-                            ev.finish_reason, prompt_tokens, self._placement.get(rid, -1))
 
     async def _check(self, rid: str, entry: Admission) -> str:
         """Watchdog: where is ``rid``? Resubmits a forgotten pool entry; '' if fine."""

@@ -174,3 +174,18 @@ def test_client_gone_after_admission_aborts_on_its_replica() -> None:
         await s.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_sse_chunk_template_writes_the_same_bytes(chat: bool) -> None:
+    """The ingress splices each middle token into a cached chunk: byte for byte what
+    json.dumps(oa.chunk_body(...)) writes."""
+    import json
+
+    from br_serve.serve import openai_api as oa
+    from br_serve.serve.ingress import _ChunkTemplate
+
+    tpl = _ChunkTemplate("cmpl-x", "br-emulated", chat)
+    for text in (" t1", 'a"b\\', "é\n\u2028", ""):
+        want = json.dumps(oa.chunk_body("cmpl-x", "br-emulated", text, None, chat))
+        assert tpl.event(text) == f"data: {want}\n\n"
