@@ -6,9 +6,11 @@ request right after the deployment reports ready (``first_token_s``: its time to
 token), then ``--streams`` concurrent streaming completions of ``--tokens`` tokens over
 HTTP, and reports
 
-- ``steps_per_s`` / ``ms_per_step``: the decode step rate a stream experiences (median
-  over streams of ``(tokens - 2) / (last token - second token)``: steps between its
-  first decode token and its last);
+- ``steps_per_s`` / ``ms_per_step``: the decode step rate in the steady state, while
+  every stream is running (from the last stream's first token to the first stream's
+  last one): the median over streams of the tokens each received in that window,
+  minus one, per second; ``steps_per_s_lifetime``: the same over each stream's whole
+  decode phase (second token to last), prefill ramp included;
 - ``streamed_tok_s``: tokens received by the clients per second of the load;
 - ``busy_steps``: decode steps with work, counted at the barrier by the scheduler;
 - ``cpu_s_per_step``: CPU seconds (user + system, from ``/proc``) of each actor kind
@@ -253,7 +255,8 @@ def run(replicas: int, streams: int, tokens: int, step_b_s: float = 0.002,
     ok = [r for r in res if r["status"] == 200 and len(r["times"]) == tokens]
     rates = [(tokens - 2) / (r["times"][-1] - r["times"][1]) for r in ok
              if tokens > 2 and r["times"][-1] > r["times"][1]]
-    sps = statistics.median(rates) if rates else 0.0
+    lifetime = statistics.median(rates) if rates else 0.0
+    sps = _steady_rate(ok) or lifetime
     steps = int(stats["steps"])
     got = sum(len(r["times"]) for r in res)
     if profile_dir:
@@ -263,6 +266,7 @@ def run(replicas: int, streams: int, tokens: int, step_b_s: float = 0.002,
         "config": {"replicas": replicas, "streams": streams, "tokens": tokens,
                    "slots": slots, "step_b_s": step_b_s, **(extra or {})},
         "steps_per_s": round(sps, 2), "ms_per_step": round(1e3 / sps, 2) if sps else None,
+        "steps_per_s_lifetime": round(lifetime, 2),
         "streamed_tok_s": round(got / wall, 1),
         "first_token_s": round(first, 3),
         "ttft_p50_s": round(statistics.median(r["times"][0] - r["sent"] for r in ok), 3)
@@ -275,6 +279,21 @@ def run(replicas: int, streams: int, tokens: int, step_b_s: float = 0.002,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
     }
+
+
+def _steady_rate(ok: list[dict[str, Any]]) -> float:
+    """Median tokens per second per stream while all streams run (0 if that window
+    holds fewer than 10 tokens of a stream)."""
+    if not ok:
+        return 0.0
+    lo = max(r["times"][0] for r in ok)
+    hi = min(r["times"][-1] for r in ok)
+    rates = []
+    for r in ok:
+        inside = [t for t in r["times"] if lo <= t <= hi]
+        if len(inside) >= 10 and inside[-1] > inside[0]:
+            rates.append((len(inside) - 1) / (inside[-1] - inside[0]))
+    return statistics.median(rates) if len(rates) == len(ok) else 0.0
 
 
 def format_row(r: dict[str, Any]) -> str:

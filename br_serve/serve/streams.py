@@ -170,6 +170,7 @@ class Streamer(StreamerIO):
                 return
             produced.append(first)
             outcome = ""
+            finished = False
             try:
                 # inside the try: a client gone at the first token still drops its
                 # pool entry and KV (_forget), else both leak and a scheduler restart
@@ -185,11 +186,12 @@ class Streamer(StreamerIO):
                         outcome = batch[-1].error or ""
                         break
                     if good[-1].finished:
+                        finished = True
                         return
             except GenerateError as exc:  # the scheduler stayed unreachable
                 outcome = f"fatal: {exc.message}"
             finally:
-                self._forget(rid)
+                self._forget(rid, finished)
             attempt += 1
             if attempt > _MAX_REPREFILL or outcome.startswith("fatal"):
                 yield [Token(len(produced), -1, "", True, "error", prompt_tokens,
@@ -287,15 +289,18 @@ class Streamer(StreamerIO):
                 return f"lost: replica {where} no longer runs it"
         return ""
 
-    def _forget(self, rid: str) -> None:
+    def _forget(self, rid: str, finished: bool = False) -> None:
+        """Drop ``rid``'s local state; unless it ``finished``, free what it holds
+        elsewhere (its KV if never admitted, its slot, its pool entry)."""
         self._queues.pop(rid, None)
         entry = self._pending.pop(rid, None)
         if entry is not None:
             self.lease.release(entry.kv)  # never admitted: free its KV
         g = self._placement.pop(rid, None)
+        if finished:
+            return  # its replica already let it go
         if g is not None and g not in self._dead:
-            # no-op if it finished; frees the slot if the client went away
-            self._decode[g].abort.remote(rid)
+            self._decode[g].abort.remote(rid)  # the client went away: free the slot
         elif g is None:
             self._scheduler.cancel.remote(rid)
 
