@@ -38,10 +38,14 @@ class PolicyNeeds:
     replica totals are built, which is cheaper). ``predictor``: a termination predictor
     in ``PolicyContext.predictor``; such a policy's options have an int ``horizon``,
     the window the predictor is asked about (:func:`predictor_horizon`).
+    ``calibrated_step_costs``: the snapshot's step coefficients (``step_a_s_per_token``,
+    ``step_b_s``, ``step_c_s_per_request``) fitted online from measured steps
+    (:mod:`br_serve.core.calibration`) rather than the configured ones.
     """
 
     running_detail: bool = False
     predictor: bool = False
+    calibrated_step_costs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,12 @@ class PolicyBase(Generic[OptionsT]):
     def __init__(self, options: OptionsT, context: PolicyContext) -> None:
         self.options = options
         self.context = context
+
+    @classmethod
+    def needs_for(cls, options: Any) -> PolicyNeeds:
+        """What the policy needs under ``options`` (a capability an option turns on
+        extends the class's ``needs``); drivers ask this, not ``needs``."""
+        return cls.needs
 
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:

@@ -116,7 +116,7 @@ class ClusterState:
                 true_remaining_steps=rem)
         return ClusterSnapshot.build(
             self.load_tokens(), self.running_requests(), self.slots, self.kv_limit,
-            self.alive, self.step_a, self.step_b, running)
+            self.alive, self.step_a, self.step_b, running, self.step_c)
 
     # -- changes -------------------------------------------------------------------
     def admit(self, assignment: Assignment, request: PoolRequest | None = None,

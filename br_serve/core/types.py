@@ -151,6 +151,7 @@ class ClusterSnapshot:
     alive: BoolArray
     step_a_s_per_token: FloatArray
     step_b_s: FloatArray
+    step_c_s_per_request: FloatArray
     running: RunningRequests = field(default_factory=RunningRequests.empty)
 
     @property
@@ -172,6 +173,7 @@ class ClusterSnapshot:
         step_a_s_per_token: npt.ArrayLike | float = 5e-7,
         step_b_s: npt.ArrayLike | float = 0.03,
         running: RunningRequests | None = None,
+        step_c_s_per_request: npt.ArrayLike | float = 0.0,
     ) -> ClusterSnapshot:
         """Broadcast scalars to ``(G,)``, validate and freeze.
 
@@ -194,6 +196,7 @@ class ClusterSnapshot:
         al = bcast(alive, True, np.bool_)
         a = bcast(step_a_s_per_token, 5e-7, np.float64)
         b = bcast(step_b_s, 0.03, np.float64)
+        c = bcast(step_c_s_per_request, 0.0, np.float64)
         if run.shape != (g,):
             raise ValueError(f"running_requests: shape {run.shape}, expected ({g},)")
         if (load < 0).any():
@@ -212,6 +215,7 @@ class ClusterSnapshot:
             alive=al,
             step_a_s_per_token=a,
             step_b_s=b,
+            step_c_s_per_request=c,
             running=RunningRequests.empty() if running is None else running,
         )
 

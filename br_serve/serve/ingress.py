@@ -5,10 +5,13 @@ HTTP (FastAPI, wrapped as a Serve deployment in :mod:`br_serve.serve.graph`):
 ``data: [DONE]``, or one JSON body; both with ``usage``), ``GET /v1/models``,
 ``GET /health`` (liveness: the ingress process answers), ``GET /ready`` (readiness: a
 request would be served now; 503 otherwise), ``GET /v1/br/state``. Errors use OpenAI's
-shape ``{"error": {"message", "type", "param", "code"}}``: 400 bad JSON/fields, 401
-missing or wrong API key (every path but ``/health`` and ``/ready``), 404 unknown model,
-413 prompt over the context limit, 429 the graph is at capacity (refused before any
-prefill work, with ``Retry-After``), 503 no decode replica alive.
+shape ``{"error": {"message", "type", "param", "code"}}``, unknown routes and wrong
+methods included: 400 bad JSON, a body that is not ``application/json``, a bad or
+unsupported field (named; see :mod:`br_serve.serve.openai_api`) or a prompt over the
+context limit ("maximum context length", as vLLM), 401 missing or wrong API key (every
+path but ``/health`` and ``/ready``), 404 unknown model or route, 405 wrong method, 429
+the graph is at capacity (refused before any prefill work, with ``Retry-After``), 503
+no decode replica alive.
 
 Handle API: :meth:`Ingress.generate_stream` (see its docstring).
 
@@ -23,20 +26,24 @@ report the app ready only then.
 # No "from __future__ import annotations": FastAPI must see real annotations (Request)
 # after Serve rewrites the method signatures.
 
+import contextvars
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from br_serve.serve import openai_api as oa
 from br_serve.serve.actors import create_actors, replace_decode
 from br_serve.serve.config import parse_graph_config
+from br_serve.serve.stopping import OutputFilter
 from br_serve.serve.streams import GenerateError, Streamer, Token
 from br_serve.transport.lease import KVLease
 
@@ -49,15 +56,67 @@ READY_WAIT_S = 300.0
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None,
-           code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+           code: str | None = None,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(oa.error_body(message, type_, code, param), status_code=status,
                         headers=headers)
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing errors (unknown path, wrong method) in OpenAI's shape, not FastAPI's."""
+    what = f"{request.method} {request.url.path}"
+    msg = {404: f"{what}: no such route",
+           405: f"{what}: method not allowed"}.get(exc.status_code, f"{what}: {exc.detail}")
+    return _error(exc.status_code, msg, "invalid_request_error",
+                  code=_HTTP_CODES.get(exc.status_code), headers=exc.headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _error(400, f"request: {exc.errors()}", "invalid_request_error")
+
+
+def _is_json(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return media == "application/json"
+
+
+async def _apply_filter(gen: AsyncGenerator[list[Token], None],
+                        filt: OutputFilter) -> AsyncGenerator[list[Token], None]:
+    """``gen`` with stop strings, stop ids and echo applied, batch by batch; ends
+    (closing ``gen``, which aborts the request on its replica) at the token that
+    finishes the output."""
+    try:
+        async for batch in gen:
+            out: list[Token] = []
+            for tok in batch:
+                if tok.error is not None:
+                    out.append(tok)
+                    yield out
+                    return
+                text, finished, reason = filt.push(tok.token_id, tok.text, tok.finished,
+                                                   tok.finish_reason)
+                out.append(dataclasses.replace(tok, text=text, finished=finished,
+                                               finish_reason=reason))
+                if finished:
+                    yield out
+                    return
+            yield out
+    finally:
+        await gen.aclose()
 
 
 def _generate_error(exc: GenerateError) -> JSONResponse:
     headers = ({"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None
                else None)
-    return _error(exc.status, exc.message, exc.type, exc.param, headers=headers)
+    param = exc.param
+    if param is None and exc.status == 400 and exc.message.startswith("prompt:"):
+        param = "prompt"
+    return _error(exc.status, exc.message, exc.type, param, headers=headers)
 
 
 class _ChunkTemplate:
@@ -128,7 +187,7 @@ class Ingress:
 
         from br_serve.engine.base import SamplingParams
 
-        self.streamer._ensure_started()
+        self._start()
         deadline = time.monotonic() + READY_WAIT_S
         params = SamplingParams(max_tokens=2, seed=0)
         attempt = 0
@@ -170,6 +229,7 @@ class Ingress:
         from br_serve.engine.base import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        self._start()
         try:
             async for batch in self._timed(self.streamer.generate_batches(prompt, params,
                                                                           request_id)):
@@ -182,17 +242,29 @@ class Ingress:
                 item["retry_after_s"] = exc.retry_after_s
             yield item
 
+    def _start(self) -> None:
+        """Start the streamer's background loops (idempotent) in a fresh context.
+
+        Ray keeps an async actor's current task id in a context variable, and a task
+        created with ``create_task`` copies the caller's context: loops started inside a
+        request would submit their poll RPCs as children of that request, and when its
+        client disconnects, Serve's recursive cancellation cancels them (the ingress
+        then took every decode replica for dead and logged a TaskCancelledError per
+        replica). An empty context makes them nobody's children.
+        """
+        contextvars.Context().run(self.streamer._ensure_started)
+
     async def state(self) -> dict[str, Any]:
         """The scheduler's view (same as ``GET /v1/br/state``)."""
-        self.streamer._ensure_started()
+        self._start()
         return await self.streamer._call_scheduler("state")  # type: ignore[no-any-return]
 
     async def stats(self) -> dict[str, Any]:
-        self.streamer._ensure_started()
+        self._start()
         return await self.streamer._call_scheduler("stats")  # type: ignore[no-any-return]
 
     async def reset_stats(self) -> None:
-        self.streamer._ensure_started()
+        self._start()
         await self.streamer._call_scheduler("reset_stats")
 
     # -- HTTP ---------------------------------------------------------------------------
@@ -242,30 +314,30 @@ class Ingress:
     async def _serve(self, request: Request, chat: bool) -> Any:
         if (denied := self._auth(request)) is not None:
             return denied
+        if not _is_json(request):  # as vLLM: only application/json bodies
+            got = request.headers.get("content-type", "none")
+            return _error(400, f"body: Content-Type must be application/json (got {got!r})",
+                          "invalid_request_error")
         try:
             data = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return _error(400, f"body: invalid JSON ({exc})", "invalid_request_error")
-        if not isinstance(data, dict):
-            return _error(400, "body: must be a JSON object", "invalid_request_error")
         try:
-            req: oa.CompletionRequest | oa.ChatRequest = (
-                oa.ChatRequest.model_validate(data) if chat
-                else oa.CompletionRequest.model_validate(data))
-            prompt = req.prompt_value()
-        except ValidationError as exc:
-            msg, param = oa.validation_message(exc)
-            return _error(400, msg, "invalid_request_error", param)
-        except ValueError as exc:
-            return _error(400, str(exc), "invalid_request_error", "prompt")
-        if req.model != self.cfg.model:
+            req = oa.parse_request(data, chat)
+        except oa.RequestError as exc:
+            return _error(400, exc.message, "invalid_request_error", exc.param)
+        if req.model is not None and req.model != self.cfg.model:
             return _error(404, f"model: {req.model!r} does not exist; serving "
                           f"{self.cfg.model!r}", "invalid_request_error", "model",
                           "model_not_found")
+        prompt = req.prompt_value()
         params = req.sampling()
+        filt = req.output_filter()
         rid = self.streamer.new_request_id()
-        public_id = ("chatcmpl-" if chat else "cmpl-") + rid
-        gen = self._timed(self.streamer.generate_batches(prompt, params, rid))
+        public_id = ("chatcmpl-" if chat else "cmpl-") + (req.request_id or rid)
+        self._start()
+        raw = self.streamer.generate_batches(prompt, params, rid)
+        gen = self._timed(_apply_filter(raw, filt) if filt.active else raw)
         try:
             first = await gen.__anext__()
         except GenerateError as exc:
@@ -273,9 +345,9 @@ class Ingress:
         except StopAsyncIteration:
             return _error(500, "empty generation", "server_error")
         if req.stream:
-            include = bool(req.stream_options and req.stream_options.include_usage)
+            include, continuous = req.stream_usage()
             return StreamingResponse(
-                self._sse(first, gen, public_id, chat, include),
+                self._sse(first, gen, public_id, chat, include, continuous, filt),
                 media_type="text/event-stream")
         toks = list(first)
         async for batch in gen:
@@ -286,10 +358,11 @@ class Ingress:
         text = "".join(t.text for t in toks)
         use = oa.usage(toks[0].prompt_tokens, len(toks))
         return oa.completion_body(public_id, self.cfg.model, text, last.finish_reason, use,
-                                  chat)
+                                  chat, filt.stop_reason)
 
     async def _sse(self, first: list[Token], gen: AsyncGenerator[list[Token], None],
-                   rid: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+                   rid: str, chat: bool, include_usage: bool, continuous_usage: bool = False,
+                   filt: OutputFilter | None = None) -> AsyncIterator[str]:
         """SSE events of one stream: one chunk per token (OpenAI's shape), written
         together when they arrived together (fewer writes through Serve's proxy, the
         same bytes)."""
@@ -309,13 +382,16 @@ class Ingress:
                         done = True
                         break
                     n += 1
-                    if not (is_first or tok.finished):
+                    if not (is_first or tok.finished or continuous_usage):
                         out.append(middle.event(tok.text))
                         continue
-                    use = oa.usage(tok.prompt_tokens, n) if tok.finished else None
+                    use = (oa.usage(tok.prompt_tokens, n)
+                           if tok.finished or continuous_usage else None)
+                    stop_reason = (filt.stop_reason if filt is not None and tok.finished
+                                   else None)
                     body = oa.chunk_body(rid, model, tok.text, tok.finish_reason
                                          if tok.finished else None, chat, first=is_first,
-                                         use=use)
+                                         use=use, stop_reason=stop_reason)
                     is_first = False
                     out.append(f"data: {json.dumps(body)}\n\n")
                     if tok.finished:

@@ -53,7 +53,7 @@ def build_policy(cfg: GraphConfig) -> tuple[PolicyBase[Any], TerminationPredicto
                                    **cfg.predictor_options)
     policy = cls(cfg.policy_options_obj(), PolicyContext(
         rng=np.random.default_rng(cfg.seed), predictor=predictor))
-    return policy, predictor, cls.needs.running_detail
+    return policy, predictor, cls.needs_for(policy.options).running_detail
 
 
 class Scheduler(SchedulerIO):

@@ -9,7 +9,7 @@ Contracts of :meth:`Streamer.generate`:
 - yields :class:`Token` items with ``index`` 0, 1, 2, ... exactly once each (events
   are de-duplicated by index), ``max_tokens`` of them unless it fails;
 - raises :class:`GenerateError` (with an HTTP status) *before* its first item for bad
-  input (400, 413), a full graph (429 with ``retry_after_s``, decided by the
+  input (400), a full graph (429 with ``retry_after_s``, decided by the
   :class:`AdmissionGate` before any prefill work; or, rarely, by the scheduler's full
   pool) or no decode replica alive / scheduler unavailable (503);
 - after the first item, a failure ends the stream with one :class:`Token` whose
@@ -223,7 +223,7 @@ class Streamer(StreamerIO):
             raise GenerateError(out.error_status, out.error,
                                 "service_unavailable" if out.error_status == 503
                                 else "invalid_request_error",
-                                param="prompt" if out.error_status == 413 else None)
+                                param=None)  # the ingress names "prompt" for its 400s
         return out
 
     async def _follow(self, rid: str, entry: Admission, offset: int,

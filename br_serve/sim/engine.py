@@ -18,6 +18,7 @@ Conventions (see docs/simulator.md):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -33,6 +34,7 @@ from br_serve.core import (
     TerminationPredictor,
     policy_class,
 )
+from br_serve.core.calibration import Coefficients, StepCalibrator
 from br_serve.core.predictor import reads_true_remaining
 from br_serve.core.state import ClusterState
 from br_serve.sim.config import SimConfig
@@ -51,8 +53,12 @@ class _Steps:
     ``perturb`` multiplies each replica's modelled step time by its drift and noise
     factors (:mod:`br_serve.sim.perturb`)."""
 
-    def __init__(self, perturb: StepPerturbation | None = None) -> None:
+    def __init__(self, perturb: StepPerturbation | None = None,
+                 calibrator: StepCalibrator | None = None) -> None:
         self.perturb = perturb if perturb is not None and perturb.active else None
+        #: fed every step's per-replica (load, running, compute time), as the live
+        #: scheduler is fed by the replicas' reports
+        self.calibrator = calibrator
         self.chunks: dict[str, list[np.ndarray]] = {
             k: [] for k in ("tau_s", "balanced_tau_s", "max_load_tokens", "sum_load_tokens",
                             "imbalance_tokens", "running", "pool")}
@@ -90,6 +96,8 @@ class _Steps:
             ch["sum_load_tokens"].append(np.array([sm]))
             ch["imbalance_tokens"].append(np.array([load.shape[0] * mx - sm]))
             ends_last = t + tau1
+            if self.calibrator is not None:
+                self._observe(alive, load[:, None], cnt, base[:, None])
         else:
             j = np.arange(n, dtype=np.float64)
             loads = load[:, None] + cnt[:, None] * j[None, :]
@@ -111,12 +119,27 @@ class _Steps:
             ch["sum_load_tokens"].append(sm_a)
             ch["imbalance_tokens"].append(load.shape[0] * mx_a - sm_a)
             ends_last = float(ends[-1])
+            if self.calibrator is not None:
+                self._observe(alive, loads, cnt, per)
         ch["running"].append(np.full(n, int(cnt.sum()), dtype=np.int64))
         ch["pool"].append(np.full(n, pool_len, dtype=np.int64))
         self.sample_t.append(t)
         self.sample_step.append(step)
         self.sample_loads.append(load_i)
         return n, ends_last
+
+    def _observe(self, alive: np.ndarray, loads: np.ndarray, cnt: np.ndarray,
+                 per: np.ndarray) -> None:
+        """Feed the calibrator step by step (rows: alive replicas; columns: steps)."""
+        assert self.calibrator is not None
+        g = alive.shape[0]
+        full_l, full_t = np.zeros(g), np.zeros(g)
+        full_n = np.zeros(g)
+        full_n[alive] = cnt
+        for j in range(per.shape[1]):
+            full_l[alive] = loads[:, j]
+            full_t[alive] = per[:, j]
+            self.calibrator.update(full_l, full_n, full_t, mask=alive)
 
     def series(self) -> StepSeries:
         cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.chunks.items()}
@@ -151,6 +174,7 @@ class _SnapshotMaker:
         self.alive = _ro(st.alive)
         self.a = _ro(st.step_a)
         self.b = _ro(st.step_b)
+        self.c = _ro(st.step_c)
         self.free_cap = np.where(st.alive, st.slots, 0)
         self.empty = RunningRequests.empty()
 
@@ -159,7 +183,14 @@ class _SnapshotMaker:
 
     def snapshot(self, load: np.ndarray, cnt: np.ndarray) -> ClusterSnapshot:
         return ClusterSnapshot(_ro(load), _ro(cnt), self.slots, self.kv, self.alive,
-                               self.a, self.b, self.empty)
+                               self.a, self.b, self.c, self.empty)
+
+
+def _with_coefficients(snap: ClusterSnapshot, coef: Coefficients) -> ClusterSnapshot:
+    """``snap`` with the fitted step coefficients in place of the configured ones."""
+    return dataclasses.replace(snap, step_a_s_per_token=_ro(coef.a_s_per_token),
+                               step_b_s=_ro(coef.b_s),
+                               step_c_s_per_request=_ro(coef.c_s_per_request))
 
 
 class _Lag:
@@ -228,10 +259,13 @@ def simulate(trace: Trace, config: SimConfig, *,
     policy = cls(config.policy_options_obj(),
                  PolicyContext(rng=np.random.default_rng(config.seed), predictor=pred,
                                clock=lambda: 0.0))
-    detail = cls.needs.running_detail
+    needs = cls.needs_for(policy.options)
+    detail = needs.running_detail
     oracle = detail and pred is not None and reads_true_remaining(pred)
 
     st = ClusterState(g, config.slots, kv, *config.coefficients(g))
+    calib = (StepCalibrator(g, st.step_a, st.step_c, st.step_b)
+             if needs.calibrated_step_costs else None)
     arrival = trace.arrival_s if not config.saturated else np.zeros(n)
     prefix = prefix_hashes(trace.hash_ids, n)
     hids = trace.hash_ids
@@ -258,7 +292,7 @@ def simulate(trace: Trace, config: SimConfig, *,
     tick_ns: list[int] = []
     pred_failed = 0
     steps = _Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
-                                    config.seed))
+                                    config.seed), calib)
     t, k = 0.0, 0
     steady_steps: int | None = None
     changed = True
@@ -279,6 +313,8 @@ def simulate(trace: Trace, config: SimConfig, *,
             changed = False
             snap = (st.snapshot(detail=True, oracle=oracle) if detail
                     else fast.snapshot(st.load_tokens(), cnt))
+            if calib is not None:
+                snap = _with_coefficients(snap, calib.coefficients())
             t0 = time.perf_counter_ns()
             res = policy.schedule(snap, pool, t, k)
             tick_ns.append(time.perf_counter_ns() - t0)

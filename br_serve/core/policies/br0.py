@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -10,7 +11,8 @@ from br_serve.core.fscore import f_score
 from br_serve.core.options import Options, option
 from br_serve.core.policy import PolicyBase, PolicyNeeds, register_policy
 from br_serve.core.pool import PromptPool
-from br_serve.core.tick import run_two_stage
+from br_serve.core.tick import MarginModel, run_two_stage
+from br_serve.core.timecost import TimeMargins, homogeneous_tokens
 from br_serve.core.types import ClusterSnapshot, TickResult
 
 
@@ -34,6 +36,12 @@ class BR0Options(Options):
                                  "may be forced")
     max_overtakes: int = option(1024, ge=0, doc="ageing: newer requests that must have "
                                 "left the pool before it")
+    cost: Literal["tokens", "time"] = option(
+        "tokens", doc="what the barrier balances: KV tokens (the paper), or each "
+        "replica's modelled step time a_g L_g + c_g N_g + b_g in seconds")
+    step_coefficients: Literal["calibrated", "configured"] = option(
+        "calibrated", doc="with cost=time: the coefficients the driver fits online from "
+        "measured steps, or the configured ones, fixed")
 
     def resolved_s_greedy(self, replicas: int) -> int:
         return replicas if self.s_greedy is None else self.s_greedy
@@ -76,6 +84,18 @@ class ScalarMargins:
             self.max_load = self.loads[g]
 
 
+def calibrates(options: BR0Options) -> bool:
+    """Whether ``options`` route on step costs the driver must fit online."""
+    return options.cost == "time" and options.step_coefficients == "calibrated"
+
+
+def scalar_model(cluster: ClusterSnapshot, options: BR0Options) -> MarginModel:
+    """BR-0's margins in tokens, or in seconds with ``cost="time"`` (docs/design.md)."""
+    if options.cost == "time" and not homogeneous_tokens(cluster):
+        return TimeMargins(cluster)
+    return ScalarMargins(cluster)
+
+
 @register_policy("br0")
 class BR0(PolicyBase[BR0Options]):
     """Two-stage F-score tick over scalar margins."""
@@ -83,11 +103,15 @@ class BR0(PolicyBase[BR0Options]):
     Options = BR0Options
     needs = PolicyNeeds()
 
+    @classmethod
+    def needs_for(cls, options: BR0Options) -> PolicyNeeds:
+        return PolicyNeeds(calibrated_step_costs=calibrates(options))
+
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:
         c = self.options
         return run_two_stage(
-            cluster, pool, ScalarMargins(cluster),
+            cluster, pool, scalar_model(cluster, c),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
             max_wait_s=c.max_wait_s, max_wait_ticks=c.max_wait_ticks,
             max_overtakes=c.max_overtakes, now_s=now_s, tick=tick)

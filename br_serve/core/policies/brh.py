@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from br_serve.core.fscore import HorizonScore, discount_weights, projected_loads
-from br_serve.core.options import option
+from br_serve.core.options import ConfigError, option
 from br_serve.core.policies.br0 import BR0Options
 from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, register_policy
 from br_serve.core.pool import PromptPool
@@ -30,6 +30,11 @@ class BRHOptions(BR0Options):
                          "to end in the window when p_fin >= gate")
     predictor_timeout_s: float = option(0.01, gt=0, doc="a predictor answer later than "
                                         "this (by the injected clock) is ignored")
+
+    def check(self) -> None:
+        if self.cost != "tokens":
+            raise ConfigError(f"cost: brh balances tokens only so far (got {self.cost!r}); "
+                              "use br0 for cost='time'")
 
 
 class GrowingScore:

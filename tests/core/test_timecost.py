@@ -1,0 +1,113 @@
+"""Time-aware BR-0: the score against the time imbalance by brute force, the
+homogeneous identity with token BR-0, and hand-checked heterogeneous decisions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from br_serve.core import ClusterSnapshot, PoolRequest, PromptPool, build_policy
+from br_serve.core.policies.br0 import ScalarMargins
+from br_serve.core.tick import run_two_stage
+from br_serve.core.timecost import TimeMargins, homogeneous_tokens
+from tests.core.strategies import states
+
+
+def _time_imbalance(t: np.ndarray) -> float:
+    """``G max(t) - sum(t)``: replica-seconds idle at the barrier (the definition)."""
+    return float(t.shape[0] * t.max() - t.sum())
+
+
+@settings(max_examples=300)
+@given(loads=st.lists(st.integers(0, 2 * 10**5), min_size=1, max_size=12),
+       data=st.data())
+def test_time_score_is_minus_delta_time_imbalance(loads: list[int],
+                                                  data: st.DataObject) -> None:
+    g = len(loads)
+    a = np.array(data.draw(st.lists(st.floats(1e-7, 4e-6), min_size=g, max_size=g)))
+    b = np.array(data.draw(st.lists(st.floats(0.0, 0.05), min_size=g, max_size=g)))
+    c = np.array(data.draw(st.lists(st.floats(0.0, 3e-3), min_size=g, max_size=g)))
+    run = np.array(data.draw(st.lists(st.integers(0, 16), min_size=g, max_size=g)))
+    snap = ClusterSnapshot.build(loads, run, 16, step_a_s_per_token=a, step_b_s=b,
+                                 step_c_s_per_request=c)
+    r = data.draw(st.integers(0, g - 1))
+    d = data.draw(st.integers(0, 10**5))
+    n = data.draw(st.integers(1, 4))
+    t = a * np.asarray(loads) + c * run + b
+    after = t.copy()
+    after[r] += a[r] * d + c[r] * n
+    want = -(_time_imbalance(after) - _time_imbalance(t))
+    got = TimeMargins(snap).scorer(r)(float(d), n)
+    assert np.isclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st_=states(max_g=10, kv=True, dead=True), scale=st.sampled_from([0.25, 1.0, 2.0]),
+       s_greedy=st.integers(0, 12), r_max=st.integers(1, 5))
+def test_time_model_makes_token_decisions_when_replicas_are_equal(
+        st_: tuple[ClusterSnapshot, PromptPool], scale: float, s_greedy: int,
+        r_max: int) -> None:
+    """Equal a, b and c = 0: the time objective is the token one times a. Run the time
+    model itself (not the reduction to tokens) with an exactly representable a."""
+    cluster, pool = st_
+    snap = dataclasses.replace(cluster, step_a_s_per_token=np.full(cluster.num_replicas,
+                                                                   scale),
+                               step_b_s=np.zeros(cluster.num_replicas))
+    args = dict(s_greedy=s_greedy, r_max=r_max, max_wait_s=1e9, max_wait_ticks=10**9,
+                max_overtakes=0, now_s=0.0, tick=0)
+    tok = run_two_stage(snap, pool, ScalarMargins(snap), **args)  # type: ignore[arg-type]
+    tim = run_two_stage(snap, pool, TimeMargins(snap), **args)  # type: ignore[arg-type]
+    assert tok.assignments == tim.assignments
+
+
+@settings(max_examples=100, deadline=None)
+@given(st_=states(max_g=10, kv=True, dead=True))
+def test_br0_time_equals_br0_tokens_on_a_homogeneous_cluster(
+        st_: tuple[ClusterSnapshot, PromptPool]) -> None:
+    cluster, pool = st_
+    assert homogeneous_tokens(cluster)  # default coefficients: a=5e-7, b=0.03, c=0
+    tokens = build_policy("br0").schedule(cluster, pool, 0.0, 0)
+    time = build_policy("br0", {"cost": "time"}).schedule(cluster, pool, 0.0, 0)
+    assert tokens.assignments == time.assignments
+
+
+def _pool(sizes: list[int]) -> PromptPool:
+    pool = PromptPool()
+    for i, s in enumerate(sizes):
+        pool.add(PoolRequest(f"p{i}", s))
+    return pool
+
+
+def test_a_slow_replica_gets_less_of_the_same_load() -> None:
+    # Equal loads (40k tokens), replica 0 prices a token twice as high: it is the
+    # straggler already, so time-aware BR-0 sends the prompt to replica 1; token
+    # BR-0 sees equal margins and takes the first.
+    snap = ClusterSnapshot.build([40_000, 40_000], [15, 15], 16,
+                                 step_a_s_per_token=[1e-6, 5e-7], step_b_s=0.03)
+    pool = _pool([3000])
+    assert build_policy("br0").schedule(snap, pool, 0.0, 0).assignments[0].replica == 0
+    res = build_policy("br0", {"cost": "time"}).schedule(snap, pool, 0.0, 0)
+    assert res.assignments[0].replica == 1
+
+
+def test_batch_term_counts_requests_not_only_tokens() -> None:
+    # Equal tokens; replica 0 runs 15 requests, replica 1 runs 5, c = 2 ms a request:
+    # replica 0's steps are 20 ms longer, so a new request belongs on replica 1.
+    snap = ClusterSnapshot.build([30_000, 30_000], [15, 5], 16, step_a_s_per_token=5e-7,
+                                 step_b_s=0.03, step_c_s_per_request=0.002)
+    res = build_policy("br0", {"cost": "time"}).schedule(snap, _pool([500]), 0.0, 0)
+    assert res.assignments[0].replica == 1
+
+
+def test_time_peak_is_the_prompt_that_fills_the_margin() -> None:
+    # t = (0.051, 0.041) s: replica 1's margin is 10 ms; a new request costs c = 1 ms
+    # plus 1 us a token, so 9,000 prompt tokens fill it exactly (x = m, F = m).
+    snap = ClusterSnapshot.build([20_000, 10_000], [1, 1], 4, step_a_s_per_token=1e-6,
+                                 step_b_s=0.03, step_c_s_per_request=0.001)
+    sc = TimeMargins(snap).scorer(1)
+    assert np.isclose(sc.peak, 9000.0)
+    assert np.isclose(sc(9000.0), 0.01)
+    assert np.isclose(sc(10_000.0), 0.011 - 2 * 0.001)  # 1 ms over: -(G-1) slope
