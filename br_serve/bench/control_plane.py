@@ -8,9 +8,12 @@ HTTP, and reports
 
 - ``steps_per_s`` / ``ms_per_step``: the decode step rate in the steady state, while
   every stream is running (from the last stream's first token to the first stream's
-  last one): the median over streams of the tokens each received in that window,
-  minus one, per second; ``steps_per_s_lifetime``: the same over each stream's whole
-  decode phase (second token to last), prefill ramp included;
+  last one), counted at the barrier: the slope of the scheduler's busy-step counter,
+  sampled every 0.5 s, over that window (over the whole busy period when the window
+  holds fewer than two samples). Token arrival times at the client would overstate
+  it: a stream that fell behind catches up in bursts of tokens written together.
+  ``steps_per_s_lifetime``: the median over streams of ``(tokens - 2) / (last token -
+  second token)`` as the client sees them (prefill ramp and catch-up included);
 - ``streamed_tok_s``: tokens received by the clients per second of the load;
 - ``busy_steps``: decode steps with work, counted at the barrier by the scheduler;
 - ``cpu_s_per_step``: CPU seconds (user + system, from ``/proc``) of each actor kind
@@ -138,19 +141,32 @@ async def _stream(client: Any, i: int, tokens: int, t0: float) -> dict[str, Any]
     return {"status": 200, "times": times, "sent": sent}
 
 
-async def _load(port: int, streams: int, tokens: int, profile: Any = None
-                ) -> tuple[list[dict[str, Any]], float]:
+async def _load(port: int, streams: int, tokens: int, handle: Any, profile: Any = None
+                ) -> tuple[list[dict[str, Any]], float, list[tuple[float, int]]]:
+    """Run the streams; also samples the scheduler's busy-step counter (time, steps)."""
     import httpx
 
     limits = httpx.Limits(max_connections=streams + 10, max_keepalive_connections=streams)
+    samples: list[tuple[float, int]] = []
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600,
                                  limits=limits) as client:
         t0 = time.perf_counter()
-        jobs = [_stream(client, i, tokens, t0) for i in range(streams)]
+        jobs: list[Any] = [_stream(client, i, tokens, t0) for i in range(streams)]
         if profile is not None:
             jobs.append(profile())
+        done = asyncio.Event()
+
+        async def sample() -> None:
+            while not done.is_set():
+                st = await handle.stats.remote()
+                samples.append((time.perf_counter() - t0, int(st["steps"])))
+                await asyncio.sleep(0.5)
+
+        sampler = asyncio.ensure_future(sample())
         res = await asyncio.gather(*jobs)
-        return [r for r in res if r is not None], time.perf_counter() - t0
+        done.set()
+        await sampler
+        return [r for r in res if r is not None], time.perf_counter() - t0, samples
 
 
 def _py_spy() -> str:
@@ -246,7 +262,7 @@ def run(replicas: int, streams: int, tokens: int, step_b_s: float = 0.002,
         cpu0 = _cpu_by_kind(kinds)
         prof = (_profiler(kinds, Path(profile_dir), 3.0, profile_s) if profile_dir
                 else None)
-        res, wall = asyncio.run(_load(port, streams, tokens, prof))
+        res, wall, samples = asyncio.run(_load(port, streams, tokens, handle, prof))
         cpu1 = _cpu_by_kind(kinds)
         stats = handle.stats.remote().result()
     finally:
@@ -256,7 +272,7 @@ def run(replicas: int, streams: int, tokens: int, step_b_s: float = 0.002,
     rates = [(tokens - 2) / (r["times"][-1] - r["times"][1]) for r in ok
              if tokens > 2 and r["times"][-1] > r["times"][1]]
     lifetime = statistics.median(rates) if rates else 0.0
-    sps = _steady_rate(ok) or lifetime
+    sps, window = _step_rate(ok, samples)
     steps = int(stats["steps"])
     got = sum(len(r["times"]) for r in res)
     if profile_dir:
@@ -266,7 +282,7 @@ def run(replicas: int, streams: int, tokens: int, step_b_s: float = 0.002,
         "config": {"replicas": replicas, "streams": streams, "tokens": tokens,
                    "slots": slots, "step_b_s": step_b_s, **(extra or {})},
         "steps_per_s": round(sps, 2), "ms_per_step": round(1e3 / sps, 2) if sps else None,
-        "steps_per_s_lifetime": round(lifetime, 2),
+        "steps_per_s_lifetime": round(lifetime, 2), "rate_window": window,
         "streamed_tok_s": round(got / wall, 1),
         "first_token_s": round(first, 3),
         "ttft_p50_s": round(statistics.median(r["times"][0] - r["sent"] for r in ok), 3)
@@ -281,19 +297,22 @@ def run(replicas: int, streams: int, tokens: int, step_b_s: float = 0.002,
     }
 
 
-def _steady_rate(ok: list[dict[str, Any]]) -> float:
-    """Median tokens per second per stream while all streams run (0 if that window
-    holds fewer than 10 tokens of a stream)."""
-    if not ok:
-        return 0.0
-    lo = max(r["times"][0] for r in ok)
-    hi = min(r["times"][-1] for r in ok)
-    rates = []
-    for r in ok:
-        inside = [t for t in r["times"] if lo <= t <= hi]
-        if len(inside) >= 10 and inside[-1] > inside[0]:
-            rates.append((len(inside) - 1) / (inside[-1] - inside[0]))
-    return statistics.median(rates) if len(rates) == len(ok) else 0.0
+def _step_rate(ok: list[dict[str, Any]], samples: list[tuple[float, int]]
+               ) -> tuple[float, str]:
+    """Busy steps per second at the barrier: over the window in which every stream runs
+    (``"all streams"``), else over the whole busy period (``"busy period"``)."""
+    def slope(pts: list[tuple[float, int]]) -> float:
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]) if len(pts) > 1 else 0.0
+
+    if ok:
+        lo = max(r["times"][0] for r in ok)
+        hi = min(r["times"][-1] for r in ok)
+        inside = [p for p in samples if lo <= p[0] <= hi]
+        if len(inside) >= 2 and inside[-1][1] > inside[0][1]:
+            return slope(inside), "all streams"
+    moving = [p for k, p in enumerate(samples) if k and p[1] > samples[k - 1][1]]
+    start = [samples[samples.index(moving[0]) - 1]] if moving else []
+    return slope(start + moving), "busy period"
 
 
 def format_row(r: dict[str, Any]) -> str:
