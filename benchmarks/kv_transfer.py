@@ -1,6 +1,6 @@
 """KV transfer throughput (MB/s) of the object-ref and Mooncake transports.
 
-Same as ``br-serve bench-kv`` (see :mod:`br_serve.engine.kv_bench`); kept here so the
+Same as ``br-serve bench-kv`` (see :mod:`br_serve.bench.kv`); kept here so the
 benchmarks folder lists it. Example:
 
     RAY_AUTH_MODE=disabled python benchmarks/kv_transfer.py --sizes-mib 1,16,64 --reps 5 \\

@@ -18,8 +18,8 @@ COMMAND_MODULES = (
     "br_serve.sim.cli",  # sim, fetch-trace
     "br_serve.sim.capacity_cli",  # capacity
     "predictors.cli",  # train-predictor, eval-predictor
-    "br_serve.serve.cli",  # serve / demo / bench-serve
-    "br_serve.engine.cli",  # bench-kv
+    "br_serve.serve.cli",  # serve / demo
+    "br_serve.bench.cli",  # bench-serve / bench-kv
     "br_serve.emulator.cli",  # emulate-engine
 )
 

@@ -10,12 +10,23 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from br_serve.core.types import Assignment, PoolRequest
 
 
 class PoolFullError(RuntimeError):
     """The pool holds ``capacity`` requests already (backpressure: retry later)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTicket:
+    """Where a removed request stood in the pool, so :meth:`PromptPool.restore` can put
+    it back as if it had never left (its FCFS position and its overtake count)."""
+
+    seq: int
+    removed_at_entry: int
+    size_at_entry: int
 
 
 class PromptPool:
@@ -30,7 +41,8 @@ class PromptPool:
         PoolFullError: adding to a full pool.
     """
 
-    __slots__ = ("_by_id", "_capacity", "_entry", "_ids", "_removed", "_sizes")
+    __slots__ = ("_by_id", "_capacity", "_entry", "_ids", "_next_seq", "_removed", "_seq",
+                 "_sizes")
 
     def __init__(self, capacity: int = 65536) -> None:
         if capacity < 1:
@@ -43,6 +55,9 @@ class PromptPool:
         # at the moment it entered.
         self._removed = 0
         self._entry: dict[str, tuple[int, int]] = {}
+        # insertion order numbers: FCFS position of a request put back by restore()
+        self._seq: dict[str, int] = {}
+        self._next_seq = 0
 
     # -- reading -----------------------------------------------------------------
     @property
@@ -97,15 +112,51 @@ class PromptPool:
         if len(self._by_id) >= self._capacity:
             raise PoolFullError(f"prompt pool full ({self._capacity} requests)")
         self._entry[req.request_id] = (self._removed, len(self._by_id))
+        self._seq[req.request_id] = self._next_seq
+        self._next_seq += 1
         self._by_id[req.request_id] = req
+        self._insert_sorted(req)
+
+    def _insert_sorted(self, req: PoolRequest) -> None:
         pos = bisect_right(self._sizes, req.prompt_tokens)
         self._sizes.insert(pos, req.prompt_tokens)
         self._ids.insert(pos, req.request_id)
+
+    def ticket(self, request_id: str) -> PoolTicket:
+        """The ticket :meth:`restore` needs to put ``request_id`` back after a removal.
+        Raises KeyError if absent."""
+        at_removed, at_size = self._entry[request_id]
+        return PoolTicket(self._seq[request_id], at_removed, at_size)
+
+    def restore(self, req: PoolRequest, ticket: PoolTicket) -> None:
+        """Undo the removal of ``req`` (taken with ``ticket`` just before it was removed):
+        it goes back to its FCFS position, and overtake counts of every request are as if
+        it had never left (newer requests removed meanwhile count as overtaking it).
+
+        Capacity is not checked: the request had its place already (a refused dispatch
+        must not lose it, nor jump the queue). Callers restore each removal at most once.
+
+        Raises:
+            ValueError: ``req`` is in the pool already.
+        """
+        rid = req.request_id
+        if rid in self._by_id:
+            raise ValueError(f"request_id: {rid!r} is already in the pool")
+        self._removed -= 1  # its removal never happened, as far as overtakes go
+        self._entry[rid] = (ticket.removed_at_entry, ticket.size_at_entry)
+        self._seq[rid] = ticket.seq
+        items = list(self._by_id.items())
+        at = next((k for k, (other, _) in enumerate(items)
+                   if self._seq[other] > ticket.seq), len(items))
+        items.insert(at, (rid, req))
+        self._by_id = dict(items)
+        self._insert_sorted(req)
 
     def remove(self, request_id: str) -> PoolRequest:
         """Remove one request and return it. Raises KeyError if absent."""
         req = self._by_id.pop(request_id)
         del self._entry[request_id]
+        del self._seq[request_id]
         self._removed += 1
         lo = bisect_left(self._sizes, req.prompt_tokens)
         hi = bisect_right(self._sizes, req.prompt_tokens, lo)

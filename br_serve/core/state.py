@@ -145,9 +145,15 @@ class ClusterState:
         self.hash_ids[rid] = request.hash_ids if request else None
         self._where[rid] = (g, s)
 
-    def advance(self, steps: int = 1) -> None:
-        """Every running request decodes ``steps`` more tokens."""
-        self.decoded += self.occupied * steps
+    def advance(self, steps: int | npt.ArrayLike = 1,
+                where: npt.NDArray[np.bool_] | None = None) -> None:
+        """Every running request decodes ``steps`` more tokens (one count, or one per
+        replica); ``where`` (a ``(G, B)`` mask) limits it to some slots."""
+        inc = np.asarray(steps, dtype=np.int64)
+        if inc.ndim:
+            inc = inc.reshape(-1, 1)
+        mask = self.occupied if where is None else self.occupied & where
+        self.decoded += mask * inc
 
     def set_decoded(self, request_id: str, decoded_tokens: int) -> None:
         g, s = self._where[request_id]

@@ -9,8 +9,13 @@ Contract of a decode engine, driven by one decode replica actor:
 - ``step`` runs one decode step for *every* admitted request and returns one
   :class:`TokenEvent` per request (``finished=True`` on its last token);
 - ``abort`` drops a request at once; ``load_tokens`` is the replica's KV load
-  ``sum(prompt + decoded)`` as the scheduler defines it.
-Engines are not thread-safe; the owning actor serialises calls.
+  ``sum(prompt + decoded)`` as the scheduler defines it;
+- ``running_ids`` / ``prompt_tokens_of`` / ``decoded_steps`` describe each admitted
+  request (its load is ``prompt_tokens_of + decoded_steps``); the decode replica reports
+  them to the scheduler's mirror.
+Engines are not thread-safe; the owning actor serialises calls. ``admit`` raises
+``ValueError`` for a request it cannot take (wrong KV size, duplicate id, bad params);
+any other exception is a fault of the engine (the replica stops and is replaced).
 """
 
 from __future__ import annotations
@@ -83,3 +88,13 @@ class DecodeEngine(Protocol):
     def load_tokens(self) -> int: ...
 
     def running(self) -> int: ...
+
+    def running_ids(self) -> list[str]: ...
+
+    def prompt_tokens_of(self, request_id: str) -> int: ...
+
+    def decoded_steps(self, request_id: str) -> int: ...
+
+
+class Engine(PrefillEngine, DecodeEngine, Protocol):
+    """Both halves: what :func:`br_serve.engine.factory.make_engine` builds."""

@@ -52,7 +52,7 @@ def request_seed(request_id: str, params: SamplingParams) -> int:
 
 
 @dataclass(slots=True)
-class _Running:
+class _EmulatedRequest:
     seed: int
     prompt_tokens: int
     generated: int  # tokens produced so far, the prefill token included
@@ -84,7 +84,7 @@ class EmulatedEngine:
         self.prefill_p1_s_per_token = prefill_p1_s_per_token
         self.vocab_size = vocab_size
         self._sleep = sleep
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, _EmulatedRequest] = {}
 
     # -- prefill -------------------------------------------------------------------
     def count_tokens(self, prompt: str | list[int]) -> int:
@@ -130,8 +130,8 @@ class EmulatedEngine:
             raise ValueError(f"kv: {got} bytes for {prompt_tokens} tokens, expected {want}")
         if params.max_tokens < 1:
             raise ValueError("max_tokens: must be >= 1")
-        self._running[request_id] = _Running(request_seed(request_id, params), prompt_tokens,
-                                             1, params.max_tokens)
+        self._running[request_id] = _EmulatedRequest(request_seed(request_id, params),
+                                                     prompt_tokens, 1, params.max_tokens)
 
     def step_time_s(self) -> float:
         """Modelled compute time of the next step for this replica alone (scaled)."""

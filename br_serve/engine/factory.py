@@ -1,17 +1,18 @@
-"""Pick an engine and a KV transport by name (what the serving graph is built from).
+"""Pick an engine by name (what the serving graph is built from); KV transports come
+from :mod:`br_serve.transport.factory`.
 
-Heavy or optional parts are imported lazily: the torch engine only for ``kind="torch"``,
-Mooncake only for ``transport="mooncake"``, the device helpers only off-CPU.
+Heavy or optional parts are imported lazily: the torch engine only for ``engine="torch"``,
+the device helpers only off-CPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from br_serve.transport.base import KVTransport
+from br_serve.engine.base import Engine
 
 
 class EngineSpec(BaseModel):
@@ -57,8 +58,8 @@ class EngineTiming:
 
 
 def make_engine(spec: EngineSpec, timing: EngineTiming | None = None, slots: int = 16,
-                seed: int = 0) -> Any:
-    """An object implementing both PrefillEngine and DecodeEngine for ``spec``.
+                seed: int = 0) -> Engine:
+    """The engine ``spec`` describes (both the prefill and the decode half).
 
     ``timing`` drives the emulated engine; ``slots`` bounds a torch decode batch.
     """
@@ -77,26 +78,6 @@ def make_engine(spec: EngineSpec, timing: EngineTiming | None = None, slots: int
     assert spec.model_path is not None  # checked by EngineSpec
     return TorchEngine(spec.model_path, device=spec.device, dtype=spec.dtype,
                        max_batch=slots, seed=seed)
-
-
-def make_transport(name: str, mooncake_master: str | None = None) -> KVTransport:
-    """``"objref"`` (Ray object store, default) or ``"mooncake"`` (master at
-    ``mooncake_master``, else ``MOONCAKE_MASTER``, see
-    :class:`br_serve.transport.mooncake.MooncakeTransport`). ``mooncake_master`` is
-    ignored for objref.
-
-    Raises:
-        ValueError: unknown transport name, malformed ``mooncake_master``.
-    """
-    if name == "objref":
-        from br_serve.transport.objref import ObjectRefTransport
-
-        return ObjectRefTransport()
-    if name == "mooncake":
-        from br_serve.transport.mooncake import MooncakeTransport
-
-        return MooncakeTransport(master_address=mooncake_master)
-    raise ValueError(f"transport: unknown {name!r}; known: objref, mooncake")
 
 
 def collective_backend_for(device: str) -> str:

@@ -10,7 +10,7 @@ Contracts:
 - KV payload (what :meth:`prefill` returns in ``PrefillResult.kv`` and :meth:`admit`
   takes): ``{"keys": Tensor, "values": Tensor}``, contiguous CPU tensors of shape
   ``[layers, kv_heads, prompt_tokens, head_dim]`` in the engine dtype. Both transports
-  move it as is (Ray: zero-copy tensors; Mooncake: :mod:`br_serve.engine.kv` packing).
+  move it as is (Ray: zero-copy tensors; Mooncake: :mod:`br_serve.transport.payload` packing).
 - Decode: every admitted request gets exactly one token per :meth:`step`, batched in
   forward passes of at most ``max_batch`` rows (left-padded KV, per-row positions; see
   :mod:`br_serve.engine.batch`). Greedy output equals ``model.generate(do_sample=False)``

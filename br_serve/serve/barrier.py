@@ -2,9 +2,14 @@
 
 A :class:`Barrier` is one *generation* of the group: ``world`` ranks (the alive decode
 replicas, in ``members`` order) connected through a torch.distributed store hosted by
-rank 0. Every step each rank contributes its own ``(load_tokens, running)`` row to a
-``(world, 2)`` matrix and all-reduces it, so the step cannot end before the slowest
-replica arrives, and every rank learns the loads at the barrier.
+rank 0. Every step each rank contributes its own ``(load_tokens, running, reports)``
+row; rank 0 gathers the ``(world, 3)`` matrix and broadcasts it back, so the step
+cannot end before the slowest replica arrives (nobody leaves the broadcast before rank
+0 has heard from all), and every rank learns the loads at the barrier (and which
+members report this step, so that rank 0 can tell the scheduler whose reports to wait
+for). Gather + broadcast costs ``2 (world - 1)`` messages per step in all; gloo's ring
+all-reduce costs ``2 (world - 1)`` per rank, and on a shared 2-core host it was most of
+a step at G = 16 (64 ms against 8 ms, ``docs/serving.md``).
 
 Failure contract: a dead or hung peer makes :meth:`Barrier.exchange` raise
 :class:`BarrierError` within ``timeout_s``. A broken generation is never reused: the
@@ -21,6 +26,11 @@ import numpy as np
 
 class BarrierError(RuntimeError):
     """The collective failed (peer died, timed out, or the group was closed)."""
+
+
+# torch.distributed's errors (DistError, DistBackendError, DistStoreError, gloo's own)
+# are RuntimeErrors; a refused or reset connection is an OSError. Anything else is a bug.
+_DIST_ERRORS = (RuntimeError, OSError)
 
 
 def open_store(host: str, generation: int, timeout_s: float) -> tuple[Any, int]:
@@ -53,17 +63,19 @@ class Barrier:
         self.members = members
         self.world = len(members)
         self.generation = generation
+        #: exchanges completed in this generation (the same on every member: lock-step)
+        self.steps = 0
         self.backend = backend
         self._torch = torch
         self._op_timeout = datetime.timedelta(seconds=timeout_s)
         # Joining waits for every rank's process (slow under load); steps must not.
         td = datetime.timedelta(seconds=max(timeout_s, join_timeout_s))
-        if store is None:
-            store = dist.TCPStore(host, port, None, False,  # type: ignore[attr-defined]
-                                  timeout=td)
-        self._store = store  # rank 0 keeps the master alive as long as the group lives
-        prefixed = dist.PrefixStore(f"br_gen{generation}", store)  # type: ignore[attr-defined]
         try:
+            if store is None:  # a dead rank 0 (no store to connect to) fails here
+                store = dist.TCPStore(host, port, None, False,  # type: ignore[attr-defined]
+                                      timeout=td)
+            self._store = store  # rank 0 keeps the master alive as long as the group lives
+            prefixed = dist.PrefixStore(f"br_gen{generation}", store)  # type: ignore[attr-defined]
             if backend == "gloo":
                 self._pg: Any = dist.ProcessGroupGloo(prefixed, rank, self.world, td)
                 self._default = False
@@ -72,29 +84,52 @@ class Barrier:
                                         world_size=self.world, timeout=td)
                 self._pg = None
                 self._default = True
-        except Exception as exc:
+        except _DIST_ERRORS as exc:
             raise BarrierError(f"barrier gen {generation}: join failed: {exc}") from exc
 
-    def exchange(self, load_tokens: int, running: int) -> np.ndarray:
-        """All-reduce this rank's row; returns the ``(world, 2)`` int64 matrix of all rows.
+    def exchange(self, load_tokens: int, running: int, reports: int = 0) -> np.ndarray:
+        """Exchange this rank's row; returns the ``(world, 3)`` int64 matrix of all rows
+        ``(load_tokens, running, reports)``.
 
         Raises:
             BarrierError: the collective failed or timed out.
         """
-        t = self._torch.zeros((self.world, 2), dtype=self._torch.float64)
-        t[self.rank, 0] = float(load_tokens)
-        t[self.rank, 1] = float(running)
+        torch = self._torch
         try:
-            if self._default:
+            if self._default:  # accelerator backends: one all-reduce on the default group
                 import torch.distributed as dist
 
+                t = torch.zeros((self.world, 3), dtype=torch.float64)
+                t[self.rank] = torch.tensor([load_tokens, running, reports],
+                                            dtype=torch.float64)
                 dist.all_reduce(t)
             else:
-                self._pg.allreduce([t]).wait(self._op_timeout)
-        except Exception as exc:
-            raise BarrierError(f"barrier gen {self.generation}: all_reduce failed: {exc}"
+                t = self._gather_broadcast(torch.tensor([load_tokens, running, reports],
+                                                        dtype=torch.float64))
+        except _DIST_ERRORS as exc:
+            raise BarrierError(f"barrier gen {self.generation}: exchange failed: {exc}"
                                ) from exc
-        return t.numpy().astype(np.int64)
+        self.steps += 1
+        out: np.ndarray = t.numpy().astype(np.int64)
+        return out
+
+    def _gather_broadcast(self, row: Any) -> Any:
+        import torch.distributed as dist
+
+        torch = self._torch
+        gather = dist.GatherOptions()
+        gather.rootRank = 0
+        if self.rank == 0:
+            rows = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world)]
+            self._pg.gather([rows], [row], gather).wait(self._op_timeout)
+            mat = torch.stack(rows)
+        else:
+            self._pg.gather([], [row], gather).wait(self._op_timeout)
+            mat = torch.zeros((self.world, 3), dtype=torch.float64)
+        bcast = dist.BroadcastOptions()
+        bcast.rootRank, bcast.rootTensor = 0, 0
+        self._pg.broadcast([mat], bcast).wait(self._op_timeout)
+        return mat
 
     def close(self) -> None:
         if self._default:

@@ -2,24 +2,33 @@
 
 Threads: Ray's event loop serves the RPCs (``admit``, ``poll``, ``join``...); one step
 thread owns the engine and runs ``engine.step()`` followed by the barrier collective.
-They meet only through locked queues: admissions flow in, token events flow out.
+They meet only through the lock-guarded :class:`ReplicaBook` (admissions in, finished
+and dropped ids out) and the owners' outboxes (token events out).
 
 Contracts:
-- ``admit`` pulls the KV through the transport (late binding), then queues the request;
-  the step thread installs it at the start of the next step. Admitting an id twice is
-  a no-op that returns True (resubmission after a scheduler restart is idempotent);
-  a full replica returns False.
-- Every KV handle ``admit`` takes is released exactly once, through the transport and
-  the keeper: after the pull, or after a failed pull. A refused admission keeps it
-  (the scheduler retries elsewhere).
+- ``admit`` reserves a slot, pulls the KV through the :class:`KVLease` (late binding),
+  then queues the request; the step thread installs it at the start of the next step.
+  It answers an :class:`AdmitReply`: ``queued``, ``duplicate`` (admitting an id twice is
+  a no-op: resubmission after a scheduler restart is idempotent), ``full`` (refused;
+  the KV is untouched and the scheduler retries elsewhere) or ``failed`` (the pull
+  failed; the owner gets a retryable :class:`StreamError`). Every request it took
+  ends finished or dropped in a later report (:mod:`br_serve.serve.replica_book`).
+- Every KV handle ``admit`` pulls (or fails to pull) is released once, through the lease.
 - Every step ends in ``Barrier.exchange`` of the (load, running) each member computed
-  that step with; afterwards the replica reports those rows plus its post-step state
-  (:class:`ReplicaReport`) to the scheduler, fire-and-forget.
+  that step with, and whether it reports this step. A replica reports (fire-and-forget)
+  only what changed (installed, finished, dropped requests; the scheduler's mirror
+  advances running requests itself) plus a periodic full state; the group's rank 0
+  reports every busy step with the exchanged rows of all members
+  (:class:`ReportClock`, :class:`ReplicaReport`). A group with nothing to run waits
+  for admissions instead of stepping idle.
 - Events for a request go to the outbox of its ``owner`` (an ingress replica), which
   long-polls them with :meth:`DecodeReplica.poll`. An ``Admitted`` event precedes its
   tokens; a request that cannot continue ends with a ``StreamError``.
 - On a barrier failure the replica stops stepping, tells the scheduler, and waits for
   ``join`` of a newer generation; its requests stay installed and resume.
+- A fault of the engine itself (anything but the ``ValueError`` of a bad request) ends
+  the process: a replica that cannot step must look dead, so that it is replaced,
+  rather than keep answering pings while its peers' barrier times out.
 """
 
 from __future__ import annotations
@@ -28,42 +37,56 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
+import uuid
 from typing import Any
 
-from br_serve.engine.base import TokenEvent
+from br_serve.engine.base import DecodeEngine
 from br_serve.serve.barrier import Barrier, BarrierError, open_store
-from br_serve.serve.messages import Admission, Admitted, ReplicaReport, StreamError, StreamEvent
-from br_serve.transport.base import KVHandle
+from br_serve.serve.messages import (
+    Admission,
+    AdmitReply,
+    Admitted,
+    ReplicaReport,
+    StreamError,
+    WireEvent,
+)
+from br_serve.serve.replica_book import ReplicaBook, ReportClock, as_delta, build_report
+from br_serve.transport.base import TransportError
+from br_serve.transport.lease import KVLease
 
 log = logging.getLogger(__name__)
 
-#: Idle replicas still report this often, so a restarted scheduler hears from them.
-_IDLE_REPORT_S = 1.0
+#: An idle group steps this often at most (an admission wakes a replica at once).
+_IDLE_WAIT_S = 0.05
 
 
 class DecodeReplica:
     """One decode replica ``index`` of ``replicas``; see the module docstring."""
 
     def __init__(self, index: int, config: dict[str, Any], scheduler_name: str) -> None:
-        from br_serve.engine.factory import collective_backend_for, make_engine, make_transport
+        from br_serve.engine.factory import collective_backend_for, make_engine
         from br_serve.serve.config import parse_graph_config
+        from br_serve.transport.factory import make_transport
+        from br_serve.transport.keeper import get_keeper
 
         self.cfg = parse_graph_config(config)
         self.index = index
-        self.slots = self.cfg.slots
+        self.incarnation = uuid.uuid4().hex[:12]
         self.scheduler_name = scheduler_name
-        self.engine = make_engine(self.cfg, self.cfg.engine_timing(index), self.cfg.slots,
-                                  self.cfg.seed)
-        self.transport = make_transport(self.cfg.transport, self.cfg.mooncake_master)
+        self.engine: DecodeEngine = make_engine(self.cfg, self.cfg.engine_timing(index),
+                                                self.cfg.slots, self.cfg.seed)
+        self.lease = KVLease(make_transport(self.cfg.transport, self.cfg.mooncake_master),
+                             find_keeper=lambda: get_keeper(self.cfg.app_name,
+                                                            self.cfg.namespace, 5.0))
         self.backend = collective_backend_for(self.cfg.device)
         self._lock = threading.Lock()
         self._wake_step = threading.Condition(self._lock)
-        self._admit_q: collections.deque[_WithKV] = collections.deque()
-        self._abort_q: collections.deque[str] = collections.deque()
-        self._owner: dict[str, str] = {}  # request id -> ingress owner, while installed/queued
-        self._outbox: dict[str, list[StreamEvent]] = collections.defaultdict(list)
+        self.book = ReplicaBook(self.cfg.slots)
+        self._clock = ReportClock(index)
+        self._outbox: dict[str, list[WireEvent]] = collections.defaultdict(list)
         self._barrier: Barrier | None = None
         self._pending_join: tuple[int, int, tuple[int, ...], int, asyncio.Future[bool]
                                   ] | None = None
@@ -73,17 +96,20 @@ class DecodeReplica:
         self._step = 0
         self._stop = False
         self._last: ReplicaReport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # set by the first admit
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by the first RPC
         self._poll_wake: dict[str, asyncio.Event] = {}
         self._scheduler: Any = None
-        self._keeper: Any = None
+        #: what a fault of the step thread does (tests replace it: it ends the process)
+        self.on_fatal: Any = _exit_process
         self._thread = threading.Thread(target=self._run, name=f"decode-{index}", daemon=True)
         self._thread.start()
 
     # -- RPCs ------------------------------------------------------------------------
-    async def ping(self) -> tuple[int, int]:
-        """``(index, generation)``: alive and which barrier generation it is in."""
-        return self.index, self._generation
+    async def ping(self) -> tuple[int, int, str]:
+        """``(index, generation, incarnation)``: alive, in which barrier generation,
+        and which actor instance (a replacement has a new one)."""
+        self._loop = asyncio.get_running_loop()
+        return self.index, self._generation, self.incarnation
 
     async def open_store(self, generation: int) -> int:
         """Host the store of ``generation`` (called on the group's rank 0); returns its port."""
@@ -112,48 +138,44 @@ class DecodeReplica:
             self._wake_step.notify_all()
         return await done
 
-    async def admit(self, item: Admission) -> bool:
-        """Pull the KV and queue ``item``; see the module docstring for the contract."""
+    async def admit(self, item: Admission) -> AdmitReply:
+        """Take ``item``: reserve a slot, pull its KV, queue it (see the module docstring)."""
         self._loop = asyncio.get_running_loop()
+        rid = item.request_id
         with self._lock:
-            if item.request_id in self._owner:
-                return True
-            queued = len(self._admit_q) + self.engine.running()
-            if queued >= self.slots:
-                return False
-            self._owner[item.request_id] = item.owner
+            status = self.book.accept(rid, item.owner)
+            step = self._step
+        if status != "queued":
+            return AdmitReply(status, step, self.incarnation)
         try:
-            if item.kv.transport == "objref" and item.kv.ref is not None:
-                kv = await item.kv.ref  # same as ObjectRefTransport.get, without a thread
-            else:
-                kv = await asyncio.to_thread(self.transport.get, item.kv)
-        except Exception as exc:  # KV lost: the request cannot run here
+            kv = await self.lease.pull(item.kv)
+        except TransportError as exc:  # KV lost: the request cannot run here
             with self._lock:
-                self._owner.pop(item.request_id, None)
-            self._emit(item.owner, [StreamError(item.request_id, f"kv pull failed: {exc}",
-                                                retryable=True)])
-            # the ingress re-prefills under a new id, so nobody pulls this key again
-            await self._release_handle(item.kv)
-            return True
+                owner = self.book.pull_failed(rid)
+                step = self._step
+            self._emit(owner or item.owner, [StreamError(rid, f"kv pull failed: {exc}",
+                                                         retryable=True)])
+            self.lease.release(item.kv)  # nobody pulls this key again (re-prefill: new id)
+            return AdmitReply("failed", step, self.incarnation)
         # Admitted goes out before the step thread can produce this request's tokens.
-        self._emit(item.owner, [Admitted(item.request_id, self.index)])
+        self._emit(item.owner, [Admitted(rid, self.index)])
         with self._lock:
-            self._admit_q.append(_WithKV(item, kv))
+            self.book.pulled(item, kv)  # False: aborted meanwhile, reported as dropped
+            step = self._step
             self._wake_step.notify_all()
-        await self._release_handle(item.kv)
-        return True
-
-    async def release_kv(self, handle: KVHandle) -> None:
-        """Free ``handle``'s source copy for a caller without a transport of its own
-        (the ingress, when a request is dropped before any replica pulled its KV)."""
-        await self._release_handle(handle)
+        self.lease.release(item.kv)
+        return AdmitReply("queued", step, self.incarnation)
 
     async def abort(self, request_id: str) -> None:
+        """The owner gave ``request_id`` up: free its slot (no-op if not held here)."""
         with self._lock:
-            self._abort_q.append(request_id)
+            self.book.abort(request_id)
+            self._wake_step.notify_all()
 
-    async def poll(self, owner: str, timeout_s: float = 1.0) -> list[StreamEvent]:
-        """Events for ``owner`` since its last poll; waits up to ``timeout_s`` for some."""
+    async def poll(self, owner: str, timeout_s: float = 1.0) -> list[WireEvent]:
+        """Events for ``owner`` since its last poll (tokens as :data:`WireToken` tuples);
+        waits up to ``timeout_s`` for some."""
+        self._loop = asyncio.get_running_loop()
         ev = self._poll_wake.setdefault(owner, asyncio.Event())
         if not self._outbox.get(owner):
             ev.clear()
@@ -164,7 +186,7 @@ class DecodeReplica:
         return out
 
     async def report(self) -> ReplicaReport | None:
-        """The latest measured state (used to rebuild a restarted scheduler's mirror)."""
+        """The latest full state (used to rebuild a restarted scheduler's mirror)."""
         return self._last
 
     async def shutdown(self) -> None:
@@ -173,44 +195,18 @@ class DecodeReplica:
             self._wake_step.notify_all()
 
     # -- internals -------------------------------------------------------------------
-    def _emit(self, owner: str, events: list[StreamEvent]) -> None:
+    def _emit(self, owner: str, events: list[WireEvent]) -> None:
         with self._lock:
             self._outbox[owner].extend(events)
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._wake_owner, owner)
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # loop closed (tests)
+                loop.call_soon_threadsafe(self._wake_owner, owner)
 
     def _wake_owner(self, owner: str) -> None:
         ev = self._poll_wake.get(owner)
         if ev is not None:
             ev.set()
-
-    async def _release_handle(self, handle: KVHandle) -> None:
-        """Free the source copy of ``handle`` (called once per handle this replica took).
-
-        Both halves are needed: the keeper holds object refs (objref), the transport
-        holds keys (Mooncake keeps a key until removed, and a store full of them fails
-        every put). Failures are logged, never raised: the request is unaffected, and
-        for objref the keeper's TTL frees it eventually.
-        """
-        self._release_kv(handle.key)
-        try:
-            if handle.transport == "objref":
-                self.transport.release(handle)  # a no-op: no thread hop for it
-            else:
-                await asyncio.to_thread(self.transport.release, handle)
-        except Exception as exc:
-            log.warning("replica %d: releasing kv %r failed: %s", self.index, handle.key, exc)
-
-    def _release_kv(self, key: str) -> None:
-        """The KV is here now: let the prefill side's keeper drop its reference."""
-        try:
-            if self._keeper is None:
-                from br_serve.serve.kvkeeper import get_keeper
-
-                self._keeper = get_keeper(self.cfg.app_name, self.cfg.namespace, 5.0)
-            self._keeper.release.remote(key)
-        except Exception as exc:  # the TTL frees it eventually
-            log.debug("replica %d: kv release failed: %s", self.index, exc)
 
     def _sched(self) -> Any:
         if self._scheduler is None:
@@ -219,12 +215,16 @@ class DecodeReplica:
             self._scheduler = ray.get_actor(self.scheduler_name, namespace=self.cfg.namespace)
         return self._scheduler
 
-    def _tell_scheduler(self, method: str, *args: Any) -> None:
+    def _tell_scheduler(self, method: str, *args: Any) -> bool:
+        """Fire-and-forget call; False if the scheduler could not be found (restarting:
+        it rebuilds from :meth:`report`)."""
         try:
             getattr(self._sched(), method).remote(*args)
-        except Exception as exc:  # scheduler restarting: it rebuilds from report()
+            return True
+        except ValueError as exc:  # not registered (restarting)
             self._scheduler = None
             log.debug("replica %d: %s to scheduler failed: %s", self.index, method, exc)
+            return False
 
     def _take_join(self) -> None:
         """Apply a pending ``join`` (runs on the step thread; blocks until all ranks join)."""
@@ -249,118 +249,100 @@ class DecodeReplica:
         done.get_loop().call_soon_threadsafe(_resolve, done, ok)
 
     def _run(self) -> None:
-        finished: list[tuple[str, int]] = []
-        last_report = 0.0
+        try:
+            self._loop_steps()
+        except BaseException:  # an engine fault: look dead, so the replica is replaced
+            log.exception("replica %d: step thread failed; exiting", self.index)
+            self.on_fatal()
+
+    def _loop_steps(self) -> None:
+        idle = False  # the last exchange showed no member running anything
         while True:
             with self._lock:
                 while not self._stop and self._barrier is None and self._pending_join is None:
                     self._wake_step.wait(0.5)
                 if self._stop:
                     return
+                if idle and self._pending_join is None and not self.book.has_work():
+                    # nothing to run anywhere: wait for an admission (or a peer, which
+                    # then waits at most this long at the barrier) instead of spinning
+                    self._wake_step.wait(_IDLE_WAIT_S)
             if self._pending_join is not None:
                 self._take_join()
+                idle = False
                 continue
-            self._install()
-            # the barrier carries what this step computed with (its load, and its
-            # running requests = tokens it produces): the step's cost and the imbalance
-            # the barrier waited for; the post-step state goes to the scheduler's mirror
-            step_load, step_running = self.engine.load_tokens(), self.engine.running()
-            t0 = time.perf_counter()
-            events = self.engine.step()
-            t1 = time.perf_counter()
-            barrier = self._barrier
-            assert barrier is not None
-            try:
-                rows = barrier.exchange(step_load, step_running)
-            except BarrierError as exc:
-                log.warning("replica %d: %s", self.index, exc)
-                rows = None
-            t2 = time.perf_counter()
+            rows = self._one_step()
+            idle = rows is not None and not rows[:, 1].any() and not self.engine.running()
+
+    def _one_step(self) -> Any:
+        """Install, step, exchange, deliver, report. Returns the barrier rows (None if
+        the collective failed)."""
+        self._install()
+        barrier = self._barrier
+        assert barrier is not None
+        # the barrier carries what this step computed with (its load, and its running
+        # requests = tokens it produces): the step's cost and the imbalance the
+        # barrier waited for; the post-step state goes to the scheduler's mirror
+        step_load, step_running = self.engine.load_tokens(), self.engine.running()
+        t0 = time.perf_counter()
+        events = self.engine.step()
+        t1 = time.perf_counter()
+        with self._lock:
+            by_owner = self.book.route(events)
+            finished, dropped, started = self.book.take_report()
+        flag, full = self._clock.decide(news=bool(finished or dropped or started),
+                                        barrier_step=barrier.steps + 1, now_s=t1)
+        try:
+            rows = barrier.exchange(step_load, step_running, int(flag))
+        except BarrierError as exc:
+            log.warning("replica %d: %s", self.index, exc)
+            rows = None
+        t2 = time.perf_counter()
+        for owner, evs in by_owner.items():
+            self._emit(owner, evs)
+        with self._lock:
             self._step += 1
-            self._deliver(events, finished)
             if rows is None:
+                self._barrier = None
+        if rows is None:
+            barrier.close()
+            self._tell_scheduler("barrier_failed", self.index, barrier.generation)
+        group_rows = rows if rows is not None and barrier.rank == 0 else None
+        rep = build_report(self.index, self.incarnation, self.engine, self._step, barrier,
+                           group_rows, finished, dropped, started,
+                           full=True, compute_s=t1 - t0, barrier_s=t2 - t1)
+        self._last = rep
+        if flag or (group_rows is not None and bool(group_rows[:, 1].any())):
+            if not full:
+                rep = as_delta(rep, started)
+            ok = self._tell_scheduler("report", rep)
+            self._clock.sent(ok, t2)
+            if not ok:
                 with self._lock:
-                    self._barrier = None
-                barrier.close()
-                self._tell_scheduler("barrier_failed", self.index, barrier.generation)
-            rep = self._make_report(finished, barrier, rows, t1 - t0, t2 - t1)
-            self._last = rep
-            # every member reports every step while any member is busy, so the
-            # scheduler can tick once per step on a complete view
-            busy = bool(rep.running_ids or rep.finished_ids or sum(rep.barrier_running))
-            if busy or t2 - last_report > _IDLE_REPORT_S:
-                self._tell_scheduler("report", rep)
-                last_report = t2
-                finished = []
+                    self.book.put_back(finished, dropped)
+        return rows
 
     def _install(self) -> None:
         with self._lock:
-            items = list(self._admit_q)
-            self._admit_q.clear()
-            aborts = list(self._abort_q)
-            self._abort_q.clear()
+            installs, aborts = self.book.take_work()
         for rid in aborts:
             self.engine.abort(rid)
-            with self._lock:
-                self._owner.pop(rid, None)
-        for w in items:
-            a = w.item
+        for a, kv in installs:
             try:
-                self.engine.admit(a.request_id, w.kv, a.prompt_tokens, a.first_token_id,
+                self.engine.admit(a.request_id, kv, a.prompt_tokens, a.first_token_id,
                                   a.params)
-            except Exception as exc:
+            except ValueError as exc:  # the engine cannot take this request
                 with self._lock:
-                    owner = self._owner.pop(a.request_id, a.owner)
-                self._emit(owner, [StreamError(a.request_id, f"admit failed: {exc}")])
+                    owner = self.book.install_failed(a.request_id)
+                self._emit(owner or a.owner, [StreamError(a.request_id,
+                                                          f"admit failed: {exc}")])
 
-    def _deliver(self, events: list[TokenEvent], finished: list[tuple[str, int]]) -> None:
-        by_owner: dict[str, list[StreamEvent]] = collections.defaultdict(list)
-        with self._lock:
-            for e in events:
-                owner = self._owner.get(e.request_id)
-                if e.finished:
-                    self._owner.pop(e.request_id, None)
-                    finished.append((e.request_id, e.index + 1))
-                if owner is not None:
-                    by_owner[owner].append(e)
-        for owner, evs in by_owner.items():
-            self._emit(owner, evs)
 
-    def _make_report(self, finished: list[tuple[str, int]], barrier: Barrier,
-                     rows: Any, compute_s: float, barrier_s: float) -> ReplicaReport:
-        ids = tuple(self.engine.running_ids())
-        prompts = tuple(self._prompt_of(r) for r in ids)
-        decoded = tuple(self._decoded_of(r) for r in ids)
-        return ReplicaReport(
-            replica=self.index, generation=barrier.generation, step=self._step,
-            load_tokens=int(self.engine.load_tokens()), running_ids=ids,
-            prompt_tokens=prompts, decoded_tokens=decoded,
-            finished_ids=tuple(f[0] for f in finished),
-            finished_output_tokens=tuple(f[1] for f in finished),
-            members=barrier.members,
-            barrier_loads=() if rows is None else tuple(int(x) for x in rows[:, 0]),
-            barrier_running=() if rows is None else tuple(int(x) for x in rows[:, 1]),
-            compute_s=compute_s, barrier_s=barrier_s)
-
-    def _prompt_of(self, rid: str) -> int:
-        fn = getattr(self.engine, "prompt_tokens_of", None)
-        return int(fn(rid)) if fn else 0
-
-    def _decoded_of(self, rid: str) -> int:
-        fn = getattr(self.engine, "decoded_steps", None)
-        return int(fn(rid)) if fn else 0
+def _exit_process() -> None:
+    logging.shutdown()
+    os._exit(1)
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
     if not fut.done():
         fut.set_result(value)
-
-
-class _WithKV:
-    """An admission whose KV has been pulled (internal to the replica; not a message)."""
-
-    __slots__ = ("item", "kv")
-
-    def __init__(self, item: Admission, kv: Any) -> None:
-        self.item = item
-        self.kv = kv

@@ -3,18 +3,24 @@
 HTTP (FastAPI, wrapped as a Serve deployment in :mod:`br_serve.serve.graph`):
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming ending in
 ``data: [DONE]``, or one JSON body; both with ``usage``), ``GET /v1/models``,
-``GET /health``, ``GET /v1/br/state``. Errors use OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}``, unknown routes and wrong methods
-included: 400 bad JSON, a body that is not ``application/json``, a bad or unsupported
-field (named; see :mod:`br_serve.serve.openai_api`) or a prompt over the context limit
-("maximum context length", as vLLM), 401 missing or wrong API key (every path but
-``/health``), 404 unknown model or route, 405 wrong method, 429 pool full, 503 no
-decode replica alive.
+``GET /health`` (liveness: the ingress process answers), ``GET /ready`` (readiness: a
+request would be served now; 503 otherwise), ``GET /v1/br/state``. Errors use OpenAI's
+shape ``{"error": {"message", "type", "param", "code"}}``, unknown routes and wrong
+methods included: 400 bad JSON, a body that is not ``application/json``, a bad or
+unsupported field (named; see :mod:`br_serve.serve.openai_api`) or a prompt over the
+context limit ("maximum context length", as vLLM), 401 missing or wrong API key (every
+path but ``/health`` and ``/ready``), 404 unknown model or route, 405 wrong method, 429
+the graph is at capacity (refused before any prefill work, with ``Retry-After``), 503
+no decode replica alive.
 
 Handle API: :meth:`Ingress.generate_stream` (see its docstring).
 
-The first ingress replica creates the scheduler and decode replica actors (named, in
-the graph's namespace, owned by it: deleting the app removes them).
+The first ingress replica creates the scheduler, decode replica and KV keeper actors
+(named, in the graph's namespace, owned by it: deleting the app removes them; see
+:mod:`br_serve.serve.actors`). Its constructor returns only when the graph would serve
+a request (the scheduler has formed the barrier group, and one warm-up request went
+through prefill, the pool, a decode replica and back), so Serve, and ``serve run``,
+report the app ready only then.
 """
 
 # No "from __future__ import annotations": FastAPI must see real annotations (Request)
@@ -35,18 +41,18 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from br_serve.serve import openai_api as oa
+from br_serve.serve.actors import create_actors, replace_decode
 from br_serve.serve.config import parse_graph_config
 from br_serve.serve.stopping import OutputFilter
 from br_serve.serve.streams import GenerateError, Streamer, Token
+from br_serve.transport.lease import KVLease
 
 log = logging.getLogger(__name__)
 
 api = FastAPI(title="BalanceRoute", docs_url=None, redoc_url=None)
 
-
-def actor_names(app_name: str, replicas: int) -> tuple[str, list[str]]:
-    """Names of the scheduler actor and the decode replica actors of one app."""
-    return f"{app_name}:scheduler", [f"{app_name}:decode:{g}" for g in range(replicas)]
+#: bound on the constructor's wait for a ready graph (replica start-up included)
+READY_WAIT_S = 300.0
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None,
@@ -79,52 +85,63 @@ def _is_json(request: Request) -> bool:
     return media == "application/json"
 
 
-async def _apply_filter(gen: AsyncGenerator[Token, None],
-                        filt: OutputFilter) -> AsyncGenerator[Token, None]:
-    """``gen`` with stop strings, stop ids and echo applied; ends (closing ``gen``, which
-    aborts the request on its replica) at the token that finishes the output."""
+async def _apply_filter(gen: AsyncGenerator[list[Token], None],
+                        filt: OutputFilter) -> AsyncGenerator[list[Token], None]:
+    """``gen`` with stop strings, stop ids and echo applied, batch by batch; ends
+    (closing ``gen``, which aborts the request on its replica) at the token that
+    finishes the output."""
     try:
-        async for tok in gen:
-            if tok.error is not None:
-                yield tok
-                return
-            text, finished, reason = filt.push(tok.token_id, tok.text, tok.finished,
-                                               tok.finish_reason)
-            yield dataclasses.replace(tok, text=text, finished=finished,
-                                      finish_reason=reason)
-            if finished:
-                return
+        async for batch in gen:
+            out: list[Token] = []
+            for tok in batch:
+                if tok.error is not None:
+                    out.append(tok)
+                    yield out
+                    return
+                text, finished, reason = filt.push(tok.token_id, tok.text, tok.finished,
+                                                   tok.finish_reason)
+                out.append(dataclasses.replace(tok, text=text, finished=finished,
+                                               finish_reason=reason))
+                if finished:
+                    yield out
+                    return
+            yield out
     finally:
         await gen.aclose()
 
 
-def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any], Any]:
-    """Create (or find) the scheduler and decode actors; returns their handles.
+def _generate_error(exc: GenerateError) -> JSONResponse:
+    headers = ({"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None
+               else None)
+    param = exc.param
+    if param is None and exc.status == 400 and exc.message.startswith("prompt:"):
+        param = "prompt"
+    return _error(exc.status, exc.message, exc.type, param, headers=headers)
 
-    Handles come from the creation calls: named-actor registration is asynchronous, so
-    looking them up by name right away could fail.
-    """
-    import ray
 
-    from br_serve.serve.decode import DecodeReplica
-    from br_serve.serve.kvkeeper import KVKeeper, keeper_name
-    from br_serve.serve.scheduler import Scheduler
+class _ChunkTemplate:
+    """The SSE event of a middle token (neither the first nor the last) of one stream:
+    ``oa.chunk_body``'s JSON with the text spliced in, the same bytes as
+    ``json.dumps(oa.chunk_body(...))``, without building and encoding a dict per token
+    (remade when ``created``, a whole second, changes)."""
 
-    cfg = parse_graph_config(config)
-    sched_name, decode_names = actor_names(cfg.app_name, cfg.replicas)
-    keeper = ray.remote(KVKeeper).options(
-        name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
-        num_cpus=0, max_concurrency=1000).remote()
-    decode = [
-        ray.remote(DecodeReplica).options(
-            name=name, namespace=cfg.namespace, get_if_exists=True, max_restarts=0,
-            max_concurrency=1000, **cfg.replica_actor_options()).remote(g, config, sched_name)
-        for g, name in enumerate(decode_names)]
-    sched = ray.remote(Scheduler).options(
-        name=sched_name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
-        max_restarts=-1, max_task_retries=0, max_concurrency=1000,
-    ).remote(config, decode_names)
-    return sched, decode, keeper
+    _MARK = r"\u0000"  # how json.dumps writes the placeholder text "\0"
+
+    def __init__(self, rid: str, model: str, chat: bool) -> None:
+        self.rid, self.model, self.chat = rid, model, chat
+        self._second = -1
+        self._head = self._tail = ""
+
+    def event(self, text: str) -> str:
+        if int(time.time()) != self._second:
+            body = oa.chunk_body(self.rid, self.model, "\0", None, self.chat)
+            self._second = int(body["created"])
+            self._head, found, self._tail = json.dumps(body).partition(f'"{self._MARK}"')
+            if not found:  # a body shape without the text as one JSON string
+                self._second = -1
+                body = oa.chunk_body(self.rid, self.model, text, None, self.chat)
+                return f"data: {json.dumps(body)}\n\n"
+        return f"data: {self._head}{json.dumps(text)}{self._tail}\n\n"
 
 
 def _token_dict(tok: Token) -> dict[str, Any]:
@@ -142,18 +159,61 @@ def _token_dict(tok: Token) -> dict[str, Any]:
 class Ingress:
     """OpenAI-compatible ingress (a Serve deployment built by :mod:`br_serve.serve.graph`)."""
 
-    def __init__(self, prefill: Any, config: dict[str, Any]) -> None:
+    # Serve awaits an async constructor (the replica is ready only when it returns)
+    async def __init__(self, prefill: Any, config: dict[str, Any]) -> None:  # type: ignore[misc]
         self.cfg = parse_graph_config(config)
         self.api_key = self.cfg.resolved_api_key()
-        sched, decode, keeper = _create_actors(self.cfg.model_dump())
-        self.streamer = Streamer(self.cfg, prefill, sched, decode, keeper)
+        actors = await create_actors(self.cfg)
+        cfg = self.cfg
+
+        async def replace(g: int, old: Any) -> Any:
+            return await replace_decode(cfg, g, old)
+
+        self.streamer = Streamer(self.cfg, prefill, actors.scheduler, actors.decode,
+                                 KVLease(None, keeper=actors.keeper), replace)
         self._metrics: Any = None
         try:
             from br_serve.serve.metrics import IngressMetrics
 
             self._metrics = IngressMetrics()
-        except Exception as exc:
+        except (ImportError, RuntimeError, ValueError) as exc:
             log.warning("ingress: metrics disabled: %s", exc)
+        await self._warm_up()
+
+    async def _warm_up(self) -> None:
+        """Wait (bounded) until a request would be served, then serve one end to end,
+        so that the first user request meets warm code paths."""
+        import asyncio
+
+        from br_serve.engine.base import SamplingParams
+
+        self._start()
+        deadline = time.monotonic() + READY_WAIT_S
+        params = SamplingParams(max_tokens=2, seed=0)
+        attempt = 0
+        while True:
+            if await self._ready_now():
+                attempt += 1
+                rid = f"{self.streamer.owner}-warmup{attempt}"
+                try:
+                    toks = [t async for t in self.streamer.generate("warm up", params, rid)]
+                    if toks and toks[-1].error is None:
+                        return
+                    log.warning("ingress: warm-up failed: %s", toks[-1:] or "no tokens")
+                except GenerateError as exc:
+                    log.warning("ingress: warm-up failed: %s", exc.message)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ingress: graph not ready after {READY_WAIT_S:.0f} s")
+            await asyncio.sleep(0.5)
+
+    async def _ready_now(self) -> bool:
+        """Readiness: the scheduler is up with a barrier group, and the graph has room."""
+        try:
+            ready = bool(await self.streamer._call_scheduler("ready"))
+        except GenerateError:
+            return False
+        gate = self.streamer.gate
+        return ready and max(gate.inside, gate.elsewhere) < gate.capacity()
 
     # -- handle API ---------------------------------------------------------------------
     async def generate_stream(self, prompt: str | list[int], max_tokens: int = 16,
@@ -171,11 +231,16 @@ class Ingress:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
         self._start()
         try:
-            async for tok in self._timed(self.streamer.generate(prompt, params, request_id)):
-                yield _token_dict(tok)
+            async for batch in self._timed(self.streamer.generate_batches(prompt, params,
+                                                                          request_id)):
+                for tok in batch:
+                    yield _token_dict(tok)
         except GenerateError as exc:
-            yield {"index": 0, "finished": True, "finish_reason": "error",
-                   "error": exc.message, "status": exc.status}
+            item = {"index": 0, "finished": True, "finish_reason": "error",
+                    "error": exc.message, "status": exc.status}
+            if exc.retry_after_s is not None:
+                item["retry_after_s"] = exc.retry_after_s
+            yield item
 
     def _start(self) -> None:
         """Start the streamer's background loops (idempotent) in a fresh context.
@@ -214,7 +279,16 @@ class Ingress:
 
     @api.get("/health")
     async def health(self) -> dict[str, str]:
+        """Liveness: this process answers (it says nothing about the graph)."""
         return {"status": "ok"}
+
+    @api.get("/ready")
+    async def ready(self) -> Any:
+        """Readiness: 200 when a request would be served now, else 503."""
+        if await self._ready_now():
+            return {"status": "ready"}
+        return _error(503, "not ready: the graph is starting, recovering or full",
+                      "service_unavailable")
 
     @api.get("/v1/models")
     async def models(self, request: Request) -> Any:
@@ -262,15 +336,12 @@ class Ingress:
         rid = self.streamer.new_request_id()
         public_id = ("chatcmpl-" if chat else "cmpl-") + (req.request_id or rid)
         self._start()
-        raw = self.streamer.generate(prompt, params, rid)
+        raw = self.streamer.generate_batches(prompt, params, rid)
         gen = self._timed(_apply_filter(raw, filt) if filt.active else raw)
         try:
             first = await gen.__anext__()
         except GenerateError as exc:
-            param = exc.param
-            if param is None and exc.status == 400 and exc.message.startswith("prompt:"):
-                param = "prompt"
-            return _error(exc.status, exc.message, exc.type, param)
+            return _generate_error(exc)
         except StopAsyncIteration:
             return _error(500, "empty generation", "server_error")
         if req.stream:
@@ -278,63 +349,82 @@ class Ingress:
             return StreamingResponse(
                 self._sse(first, gen, public_id, chat, include, continuous, filt),
                 media_type="text/event-stream")
-        toks = [first]
-        async for tok in gen:
-            toks.append(tok)
+        toks = list(first)
+        async for batch in gen:
+            toks.extend(batch)
         last = toks[-1]
         if last.error is not None:
             return _error(500, last.error, "server_error")
         text = "".join(t.text for t in toks)
-        use = oa.usage(first.prompt_tokens, len(toks))
+        use = oa.usage(toks[0].prompt_tokens, len(toks))
         return oa.completion_body(public_id, self.cfg.model, text, last.finish_reason, use,
                                   chat, filt.stop_reason)
 
-    async def _sse(self, first: Token, gen: AsyncGenerator[Token, None], rid: str, chat: bool,
-                   include_usage: bool, continuous_usage: bool = False,
+    async def _sse(self, first: list[Token], gen: AsyncGenerator[list[Token], None],
+                   rid: str, chat: bool, include_usage: bool, continuous_usage: bool = False,
                    filt: OutputFilter | None = None) -> AsyncIterator[str]:
+        """SSE events of one stream: one chunk per token (OpenAI's shape), written
+        together when they arrived together (fewer writes through Serve's proxy, the
+        same bytes)."""
         model = self.cfg.model
         n = 0
-        tok: Token | None = first
+        batch: list[Token] | None = first
         is_first = True
+        middle = _ChunkTemplate(rid, model, chat)
         try:
-            while tok is not None:
-                if tok.error is not None:
-                    err = oa.error_body(tok.error, "server_error")
-                    yield f"data: {json.dumps(err)}\n\n"
-                    break
-                n += 1
-                use = (oa.usage(tok.prompt_tokens, n) if tok.finished or continuous_usage
-                       else None)
-                stop_reason = filt.stop_reason if filt is not None and tok.finished else None
-                body = oa.chunk_body(rid, model, tok.text, tok.finish_reason if tok.finished
-                                     else None, chat, first=is_first, use=use,
-                                     stop_reason=stop_reason)
-                is_first = False
-                yield f"data: {json.dumps(body)}\n\n"
-                if tok.finished:
-                    if include_usage:
-                        body = oa.chunk_body(rid, model, None, None, chat,
-                                             use=oa.usage(tok.prompt_tokens, n),
-                                             empty_choices=True)
-                        yield f"data: {json.dumps(body)}\n\n"
-                    break
-                tok = await anext(gen, None)
+            while batch is not None:
+                out: list[str] = []
+                done = False
+                for tok in batch:
+                    if tok.error is not None:
+                        err = oa.error_body(tok.error, "server_error")
+                        out.append(f"data: {json.dumps(err)}\n\n")
+                        done = True
+                        break
+                    n += 1
+                    if not (is_first or tok.finished or continuous_usage):
+                        out.append(middle.event(tok.text))
+                        continue
+                    use = (oa.usage(tok.prompt_tokens, n)
+                           if tok.finished or continuous_usage else None)
+                    stop_reason = (filt.stop_reason if filt is not None and tok.finished
+                                   else None)
+                    body = oa.chunk_body(rid, model, tok.text, tok.finish_reason
+                                         if tok.finished else None, chat, first=is_first,
+                                         use=use, stop_reason=stop_reason)
+                    is_first = False
+                    out.append(f"data: {json.dumps(body)}\n\n")
+                    if tok.finished:
+                        if include_usage:
+                            body = oa.chunk_body(rid, model, None, None, chat,
+                                                 use=oa.usage(tok.prompt_tokens, n),
+                                                 empty_choices=True)
+                            out.append(f"data: {json.dumps(body)}\n\n")
+                        done = True
+                        break
+                if done:
+                    out.append("data: [DONE]\n\n")
+                yield "".join(out)
+                if done:
+                    return
+                batch = await anext(gen, None)
             yield "data: [DONE]\n\n"
         finally:
             await gen.aclose()
 
-    async def _timed(self, gen: AsyncIterator[Token]) -> AsyncGenerator[Token, None]:
-        """Record TTFT and TPOT of one stream."""
+    async def _timed(self, gen: AsyncIterator[list[Token]]
+                     ) -> AsyncGenerator[list[Token], None]:
+        """Record TTFT and TPOT of one stream (batches pass through unchanged)."""
         t0 = time.perf_counter()
         t_first = 0.0
         n = 0
-        async for tok in gen:
-            n += 1
-            if n == 1:
+        async for batch in gen:
+            if n == 0:
                 t_first = time.perf_counter()
                 if self._metrics is not None:
                     self._metrics.ttft_ms.observe((t_first - t0) * 1e3)
-            if tok.finished and n > 1 and self._metrics is not None:
+            n += len(batch)
+            if batch[-1].finished and n > 1 and self._metrics is not None:
                 self._metrics.tpot_ms.observe((time.perf_counter() - t_first) * 1e3 / (n - 1))
-            yield tok
+            yield batch
 

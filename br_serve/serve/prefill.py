@@ -4,47 +4,57 @@ Runs as a Serve deployment with N replicas. Each call returns a :class:`PrefillO
 bad input (empty prompt, a prompt the engine cannot encode, prompt + max_tokens over the
 context limit) comes back as an ``error`` with the HTTP status the ingress should use
 (400), not as an exception, so the ingress can answer without parsing remote
-tracebacks.
+tracebacks. A KV keeper that cannot be reached, or a failed put, gives status 503 (the
+ingress retries). The KV's lifetime after the reply is the :class:`KVLease`'s: the
+keeper holds it until a decode replica or the ingress releases it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
 
-from br_serve.engine.base import SamplingParams
+from br_serve.engine.base import PrefillEngine, SamplingParams
 from br_serve.serve.messages import PrefillOutput
+from br_serve.transport.base import TransportError
+from br_serve.transport.lease import KVLease
+
+log = logging.getLogger(__name__)
 
 
 class PrefillWorker:
     """One prefill replica (wrapped by ``serve.deployment`` in :mod:`br_serve.serve.graph`)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        from br_serve.engine.factory import make_engine, make_transport
+        from br_serve.engine.factory import make_engine
         from br_serve.serve.config import parse_graph_config
+        from br_serve.transport.factory import make_transport
+        from br_serve.transport.keeper import get_keeper
 
         self.cfg = parse_graph_config(config)
-        self.engine = make_engine(self.cfg, self.cfg.engine_timing(0), self.cfg.slots,
-                                  self.cfg.seed)
-        self.transport = make_transport(self.cfg.transport, self.cfg.mooncake_master)
+        self.engine: PrefillEngine = make_engine(self.cfg, self.cfg.engine_timing(0),
+                                                 self.cfg.slots, self.cfg.seed)
+        self.lease = KVLease(make_transport(self.cfg.transport, self.cfg.mooncake_master),
+                             find_keeper=lambda: get_keeper(self.cfg.app_name,
+                                                            self.cfg.namespace))
         # Engines are not thread-safe; prefill runs in a worker thread, one at a time
         # per replica (Serve spreads concurrent requests over the N replicas).
         self._lock = threading.Lock()
-        self._keeper: Any = None
 
     async def prefill(self, request_id: str, prompt: str | list[int],
                       params: SamplingParams) -> PrefillOutput:
         out = await asyncio.to_thread(self._prefill, request_id, prompt, params)
-        if out.kv is not None and out.kv.ref is not None:
-            # keep the object alive past this reply (see br_serve.serve.kvkeeper)
-            if self._keeper is None:
-                from br_serve.serve.kvkeeper import get_keeper
-
-                self._keeper = await asyncio.to_thread(get_keeper, self.cfg.app_name,
-                                                       self.cfg.namespace)
-            await self._keeper.hold.remote(out.kv.key, [out.kv.ref])
+        if out.kv is not None:
+            try:
+                await self.lease.hold(out.kv)  # keep it alive past this reply
+            except TransportError as exc:
+                log.warning("prefill: %s", exc)
+                await asyncio.to_thread(self.lease.discard, out.kv)
+                return PrefillOutput(request_id, error=f"kv keeper unavailable: {exc}",
+                                     error_status=503)
         return out
 
     def _prefill(self, request_id: str, prompt: str | list[int],
@@ -68,7 +78,11 @@ class PrefillWorker:
                            f"tokens; the request needs {s + params.max_tokens} ({s} prompt "
                            f"tokens + max_tokens {params.max_tokens})"))
             res = self.engine.prefill(request_id, prompt, params)
-        handle = None if res.finished else self.transport.put(request_id, res.kv)
+        try:
+            handle = None if res.finished else self.lease.put(request_id, res.kv)
+        except TransportError as exc:  # e.g. the store is full: retryable
+            return PrefillOutput(request_id, prompt_tokens=s, error=f"kv put failed: {exc}",
+                                 error_status=503)
         return PrefillOutput(
             request_id, prompt_tokens=res.prompt_tokens, first_token_id=res.first_token_id,
             first_token_text=res.first_token_text, finished=res.finished,

@@ -1,28 +1,31 @@
-"""The ingress side of a request's life: prefill, pool entry, token stream, recovery.
+"""The ingress side of a request's life: overload gate, prefill, pool entry, token
+stream, recovery.
 
 :class:`Streamer` lives in each ingress replica (its ``owner`` id names it to the
-decode replicas). One long-poll loop per decode replica fetches every event for this
-owner and routes it to the request's queue, so a step costs one RPC per replica, not
-one per token.
+decode replicas); its background loops (event polls, replica replacement, scheduler
+watch) are in :mod:`br_serve.serve.events`.
 
 Contracts of :meth:`Streamer.generate`:
 - yields :class:`Token` items with ``index`` 0, 1, 2, ... exactly once each (events
   are de-duplicated by index), ``max_tokens`` of them unless it fails;
 - raises :class:`GenerateError` (with an HTTP status) *before* its first item for bad
-  input (400, 413), a full pool (429) or no decode replica alive (503);
+  input (400), a full graph (429 with ``retry_after_s``, decided by the
+  :class:`AdmissionGate` before any prefill work; or, rarely, by the scheduler's full
+  pool) or no decode replica alive / scheduler unavailable (503);
 - after the first item, a failure ends the stream with one :class:`Token` whose
   ``error`` is set. A request on a decode replica that died is re-prefilled with its
   prompt extended by the tokens already produced and finished elsewhere (at most
   ``_MAX_REPREFILL`` times), so the stream continues where it stopped;
 - the pool entry stays here until a decode replica confirms admission: if the
   scheduler restarts (its incarnation changes) or forgets the request, it is
-  resubmitted. No wait is unbounded: a request silent for ``_WATCHDOG_S`` is located.
+  resubmitted. No wait is unbounded: a request silent for ``_WATCHDOG_S`` is located,
+  and scheduler calls give up after a bounded time with an explicit error.
+- every KV handle it was given and no replica took is released (through the lease).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -32,28 +35,21 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from br_serve.engine.base import SamplingParams, TokenEvent
+from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import GraphConfig
+from br_serve.serve.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
+from br_serve.serve.gate import AdmissionGate
 from br_serve.serve.messages import Admission, Admitted, PrefillOutput, StreamError
-from br_serve.transport.base import KVHandle
+from br_serve.serve.rpc import GONE
+from br_serve.transport.lease import KVLease
+
+__all__ = ["GenerateError", "Streamer", "Token"]
 
 log = logging.getLogger(__name__)
 
 _WATCHDOG_S = 2.0
 _MAX_REPREFILL = 2
-_SCHEDULER_RETRY_S = 60.0
-
-
-class GenerateError(Exception):
-    """A request failed before streaming began; ``status`` is the HTTP status."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
+_PREFILL_TRIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,92 +66,23 @@ class Token:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Lost:
-    """Internal queue item: the replica running the request is gone."""
+class Streamer(StreamerIO):
+    """Per-ingress-replica request router (see the module docstring).
 
-    replica: int
+    ``replace(g, old)`` makes a new actor for a dead decode replica (None: dead replicas
+    stay dead, as in the Ray-free tests).
+    """
 
-
-class Streamer:
-    """Per-ingress-replica request router (see the module docstring)."""
-
-    def __init__(self, cfg: GraphConfig, prefill: Any, scheduler: Any,
-                 decode: list[Any], keeper: Any = None) -> None:
+    def __init__(self, cfg: GraphConfig, prefill: Any, scheduler: Any, decode: list[Any],
+                 lease: KVLease, replace: Replacer | None = None) -> None:
         self.cfg = cfg
         self.prefill = prefill
+        self.lease = lease
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
-        self._queues: dict[str, asyncio.Queue[Any]] = {}
-        self._placement: dict[str, int] = {}
-        self._pending: dict[str, Admission] = {}
-        self._dead: set[int] = set()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._scheduler = scheduler
-        self._decode = list(decode)
-        self._keeper: Any = keeper
-        self._incarnation: str | None = None
+        self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool_capacity)
         self._seq = 0
+        self._io_init(scheduler, decode, replace)
 
-    # -- background loops ---------------------------------------------------------
-    def _ensure_started(self) -> None:
-        if self._tasks:
-            return
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._poll_loop(g)) for g in range(len(self._decode))]
-        self._tasks.append(loop.create_task(self._watch_incarnation()))
-
-    async def _poll_loop(self, g: int) -> None:
-        handle = self._decode[g]
-        while True:
-            try:
-                events = await handle.poll.remote(self.owner, 1.0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("ingress: lost decode replica %d: %s", g, exc)
-                self._dead.add(g)
-                for rid, where in list(self._placement.items()):
-                    if where == g and rid in self._queues:
-                        self._queues[rid].put_nowait(_Lost(g))
-                with contextlib.suppress(Exception):
-                    await self._scheduler.replica_lost.remote(g)
-                return
-            for ev in events:
-                q = self._queues.get(ev.request_id)
-                if q is not None:
-                    q.put_nowait(ev)
-                elif isinstance(ev, Admitted):
-                    # nobody waits for it any more (client gone): free the slot
-                    handle.abort.remote(ev.request_id)
-
-    async def _watch_incarnation(self) -> None:
-        while True:
-            await asyncio.sleep(0.5)
-            try:
-                inc = await self._scheduler.get_incarnation.remote()
-            except Exception:
-                continue
-            if self._incarnation is not None and inc != self._incarnation:
-                log.warning("ingress: scheduler restarted; resubmitting %d entries",
-                            len(self._pending))
-                for entry in list(self._pending.values()):
-                    with contextlib.suppress(Exception):
-                        await self._scheduler.submit.remote(entry)
-            self._incarnation = inc
-
-    async def _call_scheduler(self, method: str, *args: Any) -> Any:
-        """Call the scheduler, riding out a restart (bounded)."""
-        deadline = time.monotonic() + _SCHEDULER_RETRY_S
-        while True:
-            try:
-                return await getattr(self._scheduler, method).remote(*args)
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    raise GenerateError(503, f"scheduler unavailable: {exc}",
-                                        "service_unavailable") from exc
-                await asyncio.sleep(0.2)
-
-    # -- public -----------------------------------------------------------------------
     def new_request_id(self) -> str:
         self._seq += 1
         return f"{self.owner}-{self._seq}"
@@ -163,9 +90,37 @@ class Streamer:
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncGenerator[Token, None]:
         """Stream the tokens of one request (see the module docstring)."""
+        batches = self.generate_batches(prompt, params, request_id)
+        try:
+            async for batch in batches:
+                for tok in batch:
+                    yield tok
+        finally:
+            await batches.aclose()
+
+    async def generate_batches(self, prompt: str | list[int], params: SamplingParams,
+                               request_id: str | None = None
+                               ) -> AsyncGenerator[list[Token], None]:
+        """:meth:`generate` in batches: the tokens that arrived together (one per step,
+        or more when the stream is behind), in order; an error token comes alone."""
         self._ensure_started()
         if len(self._dead) >= len(self._decode):
             raise GenerateError(503, "no decode replica is alive", "service_unavailable")
+        retry = self.gate.enter()
+        if retry is not None:
+            raise GenerateError(429, f"the graph is at capacity ({self.gate.capacity()} "
+                                "requests in prefill, waiting and running); retry later",
+                                "rate_limit_exceeded", retry_after_s=retry)
+        inner = self._generate(prompt, params, request_id)
+        try:
+            async for batch in inner:
+                yield batch
+        finally:
+            await inner.aclose()  # its own clean-up (_forget) now, not at garbage collection
+            self.gate.leave()
+
+    async def _generate(self, prompt: str | list[int], params: SamplingParams,
+                        request_id: str | None) -> AsyncGenerator[list[Token], None]:
         base = request_id or self.new_request_id()
         seed = params.seed if params.seed is not None else zlib.crc32(base.encode())
         produced: list[Token] = []
@@ -178,103 +133,146 @@ class Streamer:
             p = dataclasses.replace(params, max_tokens=params.max_tokens - len(produced),
                                     seed=seed)
             try:
-                out: PrefillOutput = await self.prefill.prefill.remote(rid, cur, p)
-                if out.error is not None:
-                    raise GenerateError(out.error_status, out.error,
-                                        param="prompt" if out.error_status == 413 else None)
+                out = await self._prefill(rid, cur, p)
                 if attempt == 0:
                     prompt_tokens = out.prompt_tokens
                 first = Token(len(produced), out.first_token_id, out.first_token_text,
                               out.finished, out.finish_reason, prompt_tokens)
                 if out.finished:
-                    yield first
+                    yield [first]
                     return
                 assert out.kv is not None
                 entry = Admission(rid, self.owner, out.prompt_tokens, out.first_token_id, p,
                                   out.kv, arrival_s=arrival_s)
-                self._queues[rid] = asyncio.Queue()
+                self._queues[rid] = Inbox()
+                self._pending[rid] = entry
                 status = await self._call_scheduler("submit", entry)
                 if status in ("full", "no_replica"):
-                    self._drop_kv(out.kv)  # not taken: no replica will ever pull it
+                    self._queues.pop(rid, None)
+                    self._pending.pop(rid, None)
+                    self.lease.release(out.kv)  # not taken: no replica will ever pull it
                 if status == "full":
                     raise GenerateError(429, "prompt pool is full; retry later",
-                                        "rate_limit_exceeded")
+                                        "rate_limit_exceeded", retry_after_s=1)
                 if status == "no_replica":
                     raise GenerateError(503, "no decode replica is alive",
                                         "service_unavailable")
-                self._pending[rid] = entry
             except GenerateError as exc:
                 self._queues.pop(rid, None)
+                given_up = self._pending.pop(rid, None)
+                if given_up is not None:  # the scheduler may hold it: take it back
+                    self.lease.release(given_up.kv)
+                    self._scheduler.cancel.remote(rid)
                 if not produced:
                     raise
-                yield Token(len(produced), -1, "", True, "error", prompt_tokens,
-                            error=exc.message)
+                yield [Token(len(produced), -1, "", True, "error", prompt_tokens,
+                             error=exc.message)]
                 return
             produced.append(first)
             outcome = ""
+            finished = False
             try:
                 # inside the try: a client gone at the first token still drops its
                 # pool entry and KV (_forget), else both leak and a scheduler restart
                 # would resubmit it
-                yield first
-                async for tok in self._follow(rid, entry, len(produced) - 1, prompt_tokens):
-                    if tok.error is not None:
-                        outcome = tok.error
+                yield [first]
+                async for batch in self._follow(rid, entry, len(produced) - 1,
+                                                prompt_tokens):
+                    good = batch if batch[-1].error is None else batch[:-1]
+                    produced.extend(good)
+                    if good:
+                        yield good
+                    if len(good) < len(batch):
+                        outcome = batch[-1].error or ""
                         break
-                    produced.append(tok)
-                    yield tok
-                    if tok.finished:
+                    if good[-1].finished:
+                        finished = True
                         return
+            except GenerateError as exc:  # the scheduler stayed unreachable
+                outcome = f"fatal: {exc.message}"
             finally:
-                self._forget(rid)
+                self._forget(rid, finished)
             attempt += 1
             if attempt > _MAX_REPREFILL or outcome.startswith("fatal"):
-                yield Token(len(produced), -1, "", True, "error", prompt_tokens,
-                            error=f"request failed on the decode side: {outcome}")
+                yield [Token(len(produced), -1, "", True, "error", prompt_tokens,
+                             error=f"request failed on the decode side: {outcome}")]
                 return
             log.warning("ingress: re-prefilling %s after %s (%d tokens done)", base,
                         outcome, len(produced))
 
-    # -- internals --------------------------------------------------------------------
+    async def _prefill(self, rid: str, prompt: str | list[int],
+                       params: SamplingParams) -> PrefillOutput:
+        """Prefill on some replica of the prefill deployment; a replica that dies
+        mid-call is retried on another (bounded). Raises :class:`GenerateError`."""
+        for attempt in range(_PREFILL_TRIES):
+            last = attempt + 1 == _PREFILL_TRIES
+            try:
+                out: PrefillOutput = await self.prefill.prefill.remote(rid, prompt, params)
+            except GONE as exc:
+                log.warning("ingress: prefill of %s failed (%s); attempt %d", rid, exc,
+                            attempt + 1)
+                if last:
+                    raise GenerateError(503, f"prefill unavailable: {exc}",
+                                        "service_unavailable") from exc
+                await asyncio.sleep(0.5)
+                continue
+            if out.error_status != 503 or last:  # 503: its KV keeper was unreachable
+                break
+            await asyncio.sleep(0.5)
+        if out.error is not None:
+            raise GenerateError(out.error_status, out.error,
+                                "service_unavailable" if out.error_status == 503
+                                else "invalid_request_error",
+                                param=None)  # the ingress names "prompt" for its 400s
+        return out
+
     async def _follow(self, rid: str, entry: Admission, offset: int,
-                      prompt_tokens: int) -> AsyncIterator[Token]:
-        """Tokens of one attempt. Yields an ``error`` token when the attempt is lost:
-        ``"lost: ..."`` is retryable, ``"fatal: ..."`` is not."""
-        q = self._queues[rid]
+                      prompt_tokens: int) -> AsyncIterator[list[Token]]:
+        """Tokens of one attempt, in batches. A lost attempt ends with a batch whose
+        last token has ``error`` set: ``"lost: ..."`` is retryable, ``"fatal: ..."`` is
+        not."""
+        inbox = self._queues[rid]
         nxt = 1  # engine index of the next expected token (0 came from prefill)
         while True:
-            try:
-                ev = await asyncio.wait_for(q.get(), _WATCHDOG_S)
-            except TimeoutError:
+            events = await inbox.take(_WATCHDOG_S)
+            if not events:
                 lost = await self._check(rid, entry)
                 if lost:
-                    yield Token(-1, -1, "", error=lost)
+                    yield [Token(-1, -1, "", error=lost)]
                     return
                 continue
-            if isinstance(ev, Admitted):
-                prev = self._placement.get(rid)
-                if prev is not None and prev != ev.replica:
-                    self._decode[ev.replica].abort.remote(rid)  # duplicate admission
-                    continue
-                self._placement[rid] = ev.replica
-                self._pending.pop(rid, None)
-                if ev.replica in self._dead:
-                    yield Token(-1, -1, "", error=f"lost: replica {ev.replica} died")
-                    return
-            elif isinstance(ev, _Lost):
-                if self._placement.get(rid) == ev.replica:
-                    yield Token(-1, -1, "", error=f"lost: replica {ev.replica} died")
-                    return
-            elif isinstance(ev, StreamError):
-                kind = "lost" if ev.retryable else "fatal"
-                yield Token(-1, -1, "", error=f"{kind}: {ev.message}")
+            out: list[Token] = []
+            end = ""
+            for ev in events:
+                if type(ev) is tuple:  # a token (WireToken)
+                    _, token_id, text, index, finished, reason = ev
+                    if index != nxt:
+                        continue  # duplicate (or stale) delivery
+                    nxt += 1
+                    out.append(Token(offset + index, token_id, text, finished, reason,
+                                     prompt_tokens, self._placement.get(rid, -1)))
+                elif isinstance(ev, Admitted):
+                    prev = self._placement.get(rid)
+                    if prev is not None and prev != ev.replica:
+                        self._decode[ev.replica].abort.remote(rid)  # duplicate admission
+                        continue
+                    self._placement[rid] = ev.replica
+                    self._pending.pop(rid, None)
+                    if ev.replica in self._dead:
+                        end = f"lost: replica {ev.replica} died"
+                elif isinstance(ev, _Lost):
+                    if self._placement.get(rid) == ev.replica:
+                        end = f"lost: replica {ev.replica} died"
+                elif isinstance(ev, StreamError):
+                    end = f"{'lost' if ev.retryable else 'fatal'}: {ev.message}"
+                if end or (out and out[-1].finished):
+                    break
+            if end:
+                out.append(Token(-1, -1, "", error=end))
+            if out:
+                yield out
+            if end:
                 return
-            elif isinstance(ev, TokenEvent):
-                if ev.index != nxt:
-                    continue  # duplicate (or stale) delivery
-                nxt += 1
-                yield Token(offset + ev.index, ev.token_id, ev.text, ev.finished,
-                            ev.finish_reason, prompt_tokens, self._placement.get(rid, -1))
 
     async def _check(self, rid: str, entry: Admission) -> str:
         """Watchdog: where is ``rid``? Resubmits a forgotten pool entry; '' if fine."""
@@ -291,39 +289,20 @@ class Streamer:
                 return f"lost: replica {where} no longer runs it"
         return ""
 
-    def _forget(self, rid: str) -> None:
+    def _forget(self, rid: str, finished: bool = False) -> None:
+        """Drop ``rid``'s local state; unless it ``finished``, free what it holds
+        elsewhere (its KV if never admitted, its slot, its pool entry)."""
         self._queues.pop(rid, None)
         entry = self._pending.pop(rid, None)
         if entry is not None:
-            self._drop_kv(entry.kv)  # never admitted: free its KV
+            self.lease.release(entry.kv)  # never admitted: free its KV
         g = self._placement.pop(rid, None)
+        if finished:
+            return  # its replica already let it go
         if g is not None and g not in self._dead:
-            # no-op if it finished; frees the slot if the client went away
-            self._decode[g].abort.remote(rid)
-        elif g is None and self._scheduler is not None:
+            self._decode[g].abort.remote(rid)  # the client went away: free the slot
+        elif g is None:
             self._scheduler.cancel.remote(rid)
-
-    def _drop_kv(self, kv: KVHandle) -> None:
-        """Free a KV no decode replica has pulled (fire-and-forget; a pull already in
-        flight then fails and its replica reports a retryable error to a gone owner).
-
-        The keeper drops its object refs; a key-holding transport (Mooncake) needs an
-        explicit release, which the ingress asks of any live decode replica because it
-        has no transport of its own.
-        """
-        if self._keeper is not None:
-            self._keeper.release.remote(kv.key)
-        if kv.transport == "objref":
-            return
-        for g, handle in enumerate(self._decode):
-            if g not in self._dead:
-                handle.release_kv.remote(kv)
-                return
-        log.warning("ingress: no live decode replica to release kv %r", kv.key)
-
-    async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
 
 
 def _extend(prompt: str | list[int], produced: list[Token]) -> str | list[int]:

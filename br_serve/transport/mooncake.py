@@ -5,7 +5,7 @@ one ``MooncakeDistributedStore`` client that mounts ``global_segment_size`` byte
 own memory into the store. Handles are plain data (key + size) and travel through Ray.
 
 Lifetime rule (explicit, because Mooncake does not keep data alive by reference):
-- ``put`` writes the packed payload (:func:`br_serve.engine.kv.pack_payload`) into the
+- ``put`` writes the packed payload (:func:`br_serve.transport.payload.pack_payload`) into the
   *writer's own* segment (``preferred_segment`` = this client) with a hard pin, so the
   master never evicts a KV that no one has pulled yet; a full store fails the put with
   a return code instead.
@@ -23,14 +23,15 @@ and code. A master that is down is detected at start-up by a bounded TCP probe
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from typing import Any
 
 import numpy as np
 
-from br_serve.engine.kv import PayloadError, pack_payload, unpack_payload
 from br_serve.transport.base import KVHandle, TransportError
+from br_serve.transport.payload import PayloadError, pack_payload, unpack_payload
 
 DEFAULT_MASTER = "127.0.0.1:50051"
 MASTER_ENV = "MOONCAKE_MASTER"
@@ -210,6 +211,10 @@ class MooncakeTransport:
         except PayloadError as exc:
             raise TransportError(f"mooncake: get {handle.key!r}: corrupt payload: "
                                  f"{exc}") from exc
+
+    async def get_async(self, handle: KVHandle) -> Any:
+        """``get`` in a worker thread (Mooncake's calls block)."""
+        return await asyncio.to_thread(self.get, handle)
 
     def exists(self, key: str) -> bool:
         rc = int(self._live().is_exist(key))

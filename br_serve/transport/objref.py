@@ -42,7 +42,7 @@ class ObjectRefTransport:
 
         try:
             ref = ray.put(kv)
-        except Exception as exc:  # e.g. object store full
+        except ray.exceptions.RayError as exc:  # e.g. object store full
             raise TransportError(f"objref: put {key!r} failed: {exc}") from exc
         return KVHandle(transport=self.name, key=key, nbytes=payload_nbytes(kv), ref=ref)
 
@@ -53,7 +53,18 @@ class ObjectRefTransport:
             raise TransportError(f"objref: handle {handle.key!r} is not an object-ref handle")
         try:
             return ray.get(handle.ref)
-        except Exception as exc:  # owner died, object lost, ...
+        except ray.exceptions.RayError as exc:  # owner died, object lost, ...
+            raise TransportError(f"objref: get {handle.key!r} failed: {exc}") from exc
+
+    async def get_async(self, handle: KVHandle) -> Any:
+        """Awaits the ref on the caller's loop (no thread hop)."""
+        from ray.exceptions import RayError
+
+        if handle.transport != self.name or handle.ref is None:
+            raise TransportError(f"objref: handle {handle.key!r} is not an object-ref handle")
+        try:
+            return await handle.ref
+        except RayError as exc:  # owner died, object lost, ...
             raise TransportError(f"objref: get {handle.key!r} failed: {exc}") from exc
 
     def release(self, handle: KVHandle) -> None:

@@ -62,3 +62,44 @@ def test_cluster_state_loads_and_limits() -> None:
                       strict=True)) == [("a", 2), ("c", UNLIMITED_TOKENS)]
     assert st_.set_alive(1, False) == ["c"]
     assert st_.snapshot().free_slots.tolist() == [1, 0]
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "take", "restore"]),
+                              st.integers(0, 50)), max_size=120))
+def test_restore_puts_a_request_back_as_if_it_never_left(
+        ops: list[tuple[str, int]]) -> None:
+    """After any mix of adds, removals and restores: FCFS order is insertion order of the
+    present requests, and each one's overtake count is the number of newer requests now
+    absent (the closed form of the pool's counter when nothing is ever put back)."""
+    from br_serve.core.pool import PoolTicket
+
+    pool = PromptPool(capacity=8)
+    order: list[str] = []  # every id ever added, in insertion order
+    out: dict[str, tuple[PoolRequest, PoolTicket]] = {}
+    for op, k in ops:
+        present = [r for r in order if r in pool]
+        if op == "add" and not pool.is_full():
+            rid = f"r{len(order)}"
+            pool.add(PoolRequest(rid, k))
+            order.append(rid)
+        elif op == "take" and present:
+            rid = present[k % len(present)]
+            ticket = pool.ticket(rid)
+            out[rid] = (pool.remove(rid), ticket)
+        elif op == "restore" and out:
+            rid = sorted(out)[k % len(out)]
+            pool.restore(*out.pop(rid))  # capacity is not checked on the way back
+    present = [r for r in order if r in pool]
+    assert [r.request_id for r in pool.fcfs()] == present
+    assert sorted(pool.sorted_sizes) == pool.sorted_sizes
+    assert sorted(pool.sorted_ids) == sorted(present)
+    for req, overtaken in pool.fcfs_overtaken():
+        newer = order[order.index(req.request_id) + 1:]
+        assert overtaken == sum(r not in pool for r in newer), req.request_id
+
+
+def test_restore_refuses_a_present_request() -> None:
+    pool = PromptPool()
+    pool.add(PoolRequest("a", 1))
+    with pytest.raises(ValueError, match="already in the pool"):
+        pool.restore(PoolRequest("a", 1), pool.ticket("a"))

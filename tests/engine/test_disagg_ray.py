@@ -41,11 +41,11 @@ def _disaggregated(model: Path, transport: str, options: dict[str, Any] | None
                    ) -> dict[int, list[int]]:
     import ray
 
-    from br_serve.engine.workers import DecodeWorker, PrefillWorker, spawn
+    from br_serve.bench.workers import DecodeEndpoint, PrefillEndpoint, spawn
 
     engine = {"kind": "torch", "model_path": str(model), "max_batch": 4}
-    pre = spawn(PrefillWorker, engine, transport, options, num_cpus=0)
-    dec = spawn(DecodeWorker, engine, transport, options, num_cpus=0)
+    pre = spawn(PrefillEndpoint, engine, transport, options, num_cpus=0)
+    dec = spawn(DecodeEndpoint, engine, transport, options, num_cpus=0)
     params = SamplingParams(max_tokens=N_NEW, ignore_eos=True)
     out: dict[int, list[int]] = {}
     admit_at = {0: [0, 1, 2], 2: [3], 3: [4]}  # later arrivals join a running batch

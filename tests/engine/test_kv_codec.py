@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from br_serve.engine.kv import PayloadError, pack_payload, unpack_payload
+from br_serve.transport.payload import PayloadError, pack_payload, unpack_payload
 
 TORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8)
 NP_DTYPES = (np.float32, np.float64, np.int32, np.uint8)

@@ -176,7 +176,7 @@ def test_bad_requests(tiny_model: Path) -> None:
 
 
 def test_bfloat16_engine_moves_bf16_kv(tiny_model: Path) -> None:
-    from br_serve.engine.kv import pack_payload, unpack_payload
+    from br_serve.transport.payload import pack_payload, unpack_payload
 
     pre = TorchEngine(str(tiny_model), dtype="bfloat16")
     dec = TorchEngine(str(tiny_model), dtype="bfloat16", max_batch=2)

@@ -99,6 +99,9 @@ class RecordingTransport:
             raise TransportError(f"fake: get {handle.key!r} failed: code -800")
         return bytes(handle.nbytes)  # what the emulated engine admits: nbytes of KV
 
+    async def get_async(self, handle: KVHandle) -> Any:
+        return self.get(handle)
+
     def release(self, handle: KVHandle) -> None:
         with self._lock:
             self.releases.append(handle.key)
@@ -111,13 +114,24 @@ class _Method:
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
 
-    def remote(self, key: str) -> None:
-        self.calls.append(key)
+    def remote(self, handle: KVHandle) -> None:
+        self.calls.append(handle.key)
 
 
 class FakeKeeper:
-    """Stands in for the KVKeeper actor handle (``keeper.release.remote(key)``)."""
+    """Stands in for the KVKeeper actor handle (``keeper.release.remote(handle)``);
+    records the keys."""
 
     def __init__(self) -> None:
         self.released: list[str] = []
+        self.held: list[str] = []
         self.release = _Method(self.released)
+        self.hold = _Method(self.held)
+
+
+def fake_lease(transport: Any = None) -> tuple[Any, FakeKeeper]:
+    """A :class:`KVLease` over ``transport`` and a :class:`FakeKeeper`."""
+    from br_serve.transport.lease import KVLease
+
+    keeper = FakeKeeper()
+    return KVLease(transport, keeper=keeper), keeper

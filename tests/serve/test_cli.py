@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from br_serve.bench.serve_bench import load_workload
+from br_serve.bench.serve_report import format_table, gains, host_overhead_s, jittered
 from br_serve.cli import main
-from br_serve.serve.bench import load_workload
-from br_serve.serve.benchreport import format_table, gains, host_overhead_s, jittered
 
 
 @pytest.mark.parametrize("argv", [

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from br_serve.engine.factory import EngineSpec, make_engine, make_transport
+from br_serve.engine.factory import EngineSpec, make_engine
 from br_serve.serve.config import API_KEY_ENV, GraphConfigError, parse_graph_config
+from br_serve.transport.factory import make_transport
 
 
 def test_defaults_match_the_issue() -> None:
@@ -63,9 +64,12 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_engine_spec_and_factories() -> None:
     with pytest.raises(ValueError, match="model_path"):
         EngineSpec(engine="torch")
+    from br_serve.engine.emulated import EmulatedEngine
+
     cfg = parse_graph_config(kv_bytes_per_token=3, step_b_s="0.1,0.2,0.3,0.4")
     eng = make_engine(cfg, cfg.engine_timing(2))
-    assert eng.name == "emulated" and eng.kv_bytes_per_token == 3 and eng.step_b_s == 0.3
+    assert isinstance(eng, EmulatedEngine)
+    assert eng.kv_bytes_per_token == 3 and eng.step_b_s == 0.3
     assert make_transport("objref").name == "objref"
     with pytest.raises(ValueError, match="transport"):
         make_transport("smoke-signals")

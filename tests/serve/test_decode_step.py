@@ -22,9 +22,14 @@ from br_serve.engine.base import SamplingParams
 from br_serve.serve.decode import DecodeReplica
 from br_serve.serve.messages import Admission, ReplicaReport
 from br_serve.transport.base import KVHandle
-from tests.serve.helpers import FakeKeeper, RecordingTransport
+from tests.serve.helpers import RecordingTransport, fake_lease
 
 KV_BYTES_PER_TOKEN = 4
+FATAL: list[str] = []
+
+
+def _fail() -> None:
+    FATAL.append("step thread failed")  # (checked after the test; never exit pytest)
 
 
 class FakeBarrier:
@@ -32,13 +37,16 @@ class FakeBarrier:
 
     generation = 1
     members = (0,)
+    rank = 0
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, int]] = []
+        self.steps = 0
 
-    def exchange(self, load_tokens: int, running: int) -> np.ndarray:
+    def exchange(self, load_tokens: int, running: int, reports: int = 0) -> np.ndarray:
         self.rows.append((int(load_tokens), int(running)))
-        return np.array([[load_tokens, running]], dtype=np.int64)
+        self.steps += 1
+        return np.array([[load_tokens, running, reports]], dtype=np.int64)
 
     def close(self) -> None:
         return None
@@ -48,15 +56,16 @@ class FakeBarrier:
 def replica() -> Iterator[tuple[DecodeReplica, FakeBarrier, list[ReplicaReport]]]:
     rep = DecodeReplica(0, {"slots": 4, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
                             "step_b_s": 0.005}, "no-scheduler")
-    rep.transport = RecordingTransport()
-    rep._keeper = FakeKeeper()
+    rep.on_fatal = _fail
+    rep.lease, _ = fake_lease(RecordingTransport())
     reports: list[ReplicaReport] = []
     lock = threading.Lock()
 
-    def tell(method: str, *args: Any) -> None:
+    def tell(method: str, *args: Any) -> bool:
         if method == "report":
             with lock:
                 reports.append(args[0])
+        return True
 
     rep._tell_scheduler = tell  # type: ignore[method-assign]
     yield rep, FakeBarrier(), reports
@@ -97,3 +106,5 @@ def test_barrier_carries_the_loads_the_step_computed_with(
     assert busy[0].running_ids == ("c",) and busy[0].load_tokens == 101
     assert sorted(busy[0].finished_ids) == ["a", "b"]
     assert busy[1].barrier_loads == (101,) and busy[1].running_ids == ()
+    assert [r.barrier_step for r in busy] == [1, 2]
+    assert not FATAL

@@ -1,9 +1,12 @@
 """The ingress Streamer against fake actor handles (no Ray): what happens to a KV that no
-decode replica will ever pull, and to a pool entry whose client went away.
+decode replica will ever pull, to a pool entry whose client went away, and to a graph
+that is full.
 
 Why it matters: a Mooncake key stays in the prefill worker's segment until someone
-removes it, so every path that abandons a prefilled request must release its handle;
-and a pool entry the ingress forgets to drop is resubmitted after a scheduler restart.
+removes it, so every path that abandons a prefilled request must release its handle
+(through the keeper, the same for every transport); a pool entry the ingress forgets to
+drop is resubmitted after a scheduler restart; and a request the graph cannot take
+must be refused before its prefill runs.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from br_serve.serve.config import parse_graph_config
 from br_serve.serve.messages import Admitted, PrefillOutput
 from br_serve.serve.streams import GenerateError, Streamer
 from br_serve.transport.base import KVHandle
+from br_serve.transport.lease import KVLease
 
 
 class _Method:
@@ -76,18 +80,19 @@ def _decode(events: list[Any] | None = None) -> FakeActor:
             return out
         return _NEVER
 
-    return FakeActor(poll=poll, abort=None, release_kv=None)
+    return FakeActor(poll=poll, abort=None)
 
 
-def _world(submit: str, transport: str = "mooncake"
+def _world(submit: str, transport: str = "mooncake", **cfg: Any
            ) -> tuple[Streamer, FakeActor, list[FakeActor], FakeActor]:
     """A Streamer over two fake decode replicas; the scheduler answers ``submit``.
     Returns (streamer, scheduler, decode replicas, keeper)."""
     keeper = FakeActor(release=None)
-    sched = FakeActor(submit=submit, get_incarnation="i", cancel=None)
+    sched = FakeActor(submit=submit, summary=None, cancel=None, replica_lost=None)
     dec = [_decode(), _decode()]
-    cfg = parse_graph_config(replicas=len(dec), transport="objref")
-    return Streamer(cfg, _prefill(transport), sched, dec, keeper), sched, dec, keeper
+    conf = parse_graph_config(replicas=len(dec), transport="objref", **cfg)
+    lease = KVLease(None, keeper=keeper)
+    return Streamer(conf, _prefill(transport), sched, dec, lease), sched, dec, keeper
 
 
 def _params(n: int = 4) -> SamplingParams:
@@ -105,16 +110,14 @@ async def _first_then_close(s: Streamer) -> None:
 @pytest.mark.parametrize("transport", ["mooncake", "objref"])
 def test_full_pool_releases_the_kv_nobody_will_pull(transport: str) -> None:
     async def go() -> None:
-        s, _, dec, keeper = _world("full", transport)
+        s, _, _, keeper = _world("full", transport)
         with pytest.raises(GenerateError) as err:
             await s.generate("a b c", _params()).__anext__()
         assert err.value.status == 429
-        key = keeper.called("release")
-        assert [k for (k,) in key] == [f"kv-{s.owner}-1"]
-        released = dec[0].called("release_kv") + dec[1].called("release_kv")
-        # a key-holding store needs an explicit remove, through exactly one replica;
-        # object refs are freed by the keeper alone
-        assert len(released) == (1 if transport == "mooncake" else 0)
+        await asyncio.sleep(0)  # the release is fire-and-forget
+        # once, through the keeper, which frees it through its own transport
+        assert [h.key for (h,) in keeper.called("release")] == [f"kv-{s.owner}-1"]
+        assert s.gate.inside == 0  # the gate let it go again
         await s.close()
 
     asyncio.run(go())
@@ -122,25 +125,32 @@ def test_full_pool_releases_the_kv_nobody_will_pull(transport: str) -> None:
 
 def test_client_gone_before_admission_drops_entry_and_kv() -> None:
     async def go() -> None:
-        s, sched, dec, keeper = _world("queued")
+        s, sched, _, keeper = _world("queued")
         await _first_then_close(s)
         rid = f"{s.owner}-1"
         assert s._pending == {} and s._queues == {}
         assert sched.called("cancel") == [(rid,)]  # out of the scheduler's pool too
-        assert [k for (k,) in keeper.called("release")] == [f"kv-{rid}"]
-        assert len(dec[0].called("release_kv")) == 1
+        await asyncio.sleep(0)
+        assert [h.key for (h,) in keeper.called("release")] == [f"kv-{rid}"]
         await s.close()
 
     asyncio.run(go())
 
 
-def test_release_skips_dead_replicas() -> None:
+def test_a_full_graph_is_refused_before_prefill_with_retry_after() -> None:
+    """Before: a request beyond the pool's capacity was prefilled first and refused by
+    the scheduler afterwards (a late 429, no Retry-After)."""
     async def go() -> None:
-        s, _, dec, _ = _world("full")
-        s._dead.add(0)
-        with pytest.raises(GenerateError):
+        s, sched, _, _ = _world("queued", slots=1, pool_capacity=1)  # room for 2 + 1
+        s.gate.observe(alive_replicas=2, scheduler_requests=3)
+        with pytest.raises(GenerateError) as err:
             await s.generate("a b c", _params()).__anext__()
-        assert dec[0].called("release_kv") == [] and len(dec[1].called("release_kv")) == 1
+        assert err.value.status == 429 and err.value.retry_after_s == 1
+        assert s.prefill.called("prefill") == [] and sched.called("submit") == []
+        s.gate.observe(alive_replicas=2, scheduler_requests=2)
+        gen = s.generate("a b c", _params())
+        assert (await gen.__anext__()).index == 0  # room again: admitted
+        await gen.aclose()
         await s.close()
 
     asyncio.run(go())
@@ -159,7 +169,23 @@ def test_client_gone_after_admission_aborts_on_its_replica() -> None:
             await asyncio.wait_for(gen.__anext__(), 0.3)
         assert dec[1].called("abort") == [(rid,)]  # frees the slot it holds
         assert sched.called("cancel") == []
+        await asyncio.sleep(0)
         assert keeper.called("release") == []  # the replica pulled it and released it
         await s.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_sse_chunk_template_writes_the_same_bytes(chat: bool) -> None:
+    """The ingress splices each middle token into a cached chunk: byte for byte what
+    json.dumps(oa.chunk_body(...)) writes."""
+    import json
+
+    from br_serve.serve import openai_api as oa
+    from br_serve.serve.ingress import _ChunkTemplate
+
+    tpl = _ChunkTemplate("cmpl-x", "br-emulated", chat)
+    for text in (" t1", 'a"b\\', "é\n\u2028", ""):
+        want = json.dumps(oa.chunk_body("cmpl-x", "br-emulated", text, None, chat))
+        assert tpl.event(text) == f"data: {want}\n\n"

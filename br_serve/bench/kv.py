@@ -32,10 +32,10 @@ def bench_transport(transport: str, sizes_mib: list[int], reps: int,
     """Run one transport over all sizes (Ray must be initialised)."""
     import ray
 
-    from br_serve.engine.workers import DecodeWorker, PrefillWorker, spawn
+    from br_serve.bench.workers import DecodeEndpoint, PrefillEndpoint, spawn
 
-    prod = spawn(PrefillWorker, None, transport, options, num_cpus=0)
-    cons = spawn(DecodeWorker, None, transport, options, num_cpus=0)
+    prod = spawn(PrefillEndpoint, None, transport, options, num_cpus=0)
+    cons = spawn(DecodeEndpoint, None, transport, options, num_cpus=0)
     rows = []
     try:
         for mib in sizes_mib:

@@ -2,7 +2,7 @@
 
 These are plain classes: wrap them with ``ray.remote`` to get a prefill actor and a
 decode actor (the disaggregated-path tests and ``br-serve bench-kv`` do). They own
-their transport, so its lifetime rule holds: a :class:`PrefillWorker` keeps every KV it
+their transport, so its lifetime rule holds: a :class:`PrefillEndpoint` keeps every KV it
 put available until the decode side releases it or the worker closes.
 
 The serving graph (``br_serve.serve``) has its own actors; these exist to exercise the
@@ -55,7 +55,7 @@ def build_engine(kind: str, **kwargs: Any) -> Any:
     raise ValueError(f"engine: unknown {kind!r}")
 
 
-class PrefillWorker:
+class PrefillEndpoint:
     """Prefill a prompt and put its KV through the transport."""
 
     def __init__(self, engine: dict[str, Any] | None, transport: str,
@@ -81,7 +81,7 @@ class PrefillWorker:
         self.transport.close()
 
 
-class DecodeWorker:
+class DecodeEndpoint:
     """Pull KV by handle, admit into the engine, step all admitted requests together."""
 
     def __init__(self, engine: dict[str, Any] | None, transport: str,

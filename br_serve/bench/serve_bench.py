@@ -5,7 +5,7 @@ requests at their (time-scaled) arrival times as streaming ``/v1/completions`` c
 check every stream token by token against the emulated engine's deterministic output
 (lost requests, duplicated or missing tokens), read the barrier-measured counters from
 the scheduler; ``repeats`` times, policies interleaved. Then simulate the same trace and
-configuration (exact and jittered, :mod:`br_serve.serve.benchreport`). Writes one JSON.
+configuration (exact and jittered, :mod:`br_serve.bench.serve_report`). Writes one JSON.
 
 Conventions shared with the simulator: a trace request with output ``o`` is sent with
 ``max_tokens = o + 1`` (the prefill token plus ``o`` decode steps, the simulator's ``o``);
@@ -163,7 +163,7 @@ def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
               overhead_from: str = "jsq") -> dict[str, Any]:
     """Measure every policy ``repeats`` times (interleaved: jsq, br0, ..., jsq, br0, ...
     so slow drifts of the host hit all policies alike), simulate each (see
-    :mod:`br_serve.serve.benchreport`), print a table, write ``out`` (JSON).
+    :mod:`br_serve.bench.serve_report`), print a table, write ``out`` (JSON).
     ``workload`` (the arguments that rebuilt ``trace``) is stored for ``--resimulate``."""
     runs: list[dict[str, Any]] = []
     for rep in range(repeats):
@@ -186,7 +186,7 @@ def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
 def report(result: dict[str, Any], trace: Any, base: GraphConfig, out: Path,
            overhead_from: str = "jsq") -> dict[str, Any]:
     """Simulate beside the measured ``result["runs"]``, print the table, write ``out``."""
-    from br_serve.serve.benchreport import format_table, resimulate
+    from br_serve.bench.serve_report import format_table, resimulate
 
     result = resimulate(result, trace, base, overhead_from)
     out.parent.mkdir(parents=True, exist_ok=True)

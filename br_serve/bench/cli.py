@@ -1,0 +1,149 @@
+"""``br-serve`` benchmark commands of the serving stack: ``bench-serve`` (the live graph
+beside the simulator), ``bench-control-plane`` (the graph's own per-step cost) and
+``bench-kv`` (KV transfer throughput per transport)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from br_serve.serve.cli import common_arguments, free_port, kv_args, start_ray, stop_ray
+from br_serve.serve.config import parse_graph_config
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from br_serve.bench.serve_bench import run_bench
+
+    if args.resimulate:
+        return _resimulate(args)
+    opts = {"replicas": "8", "port": str(free_port()), "pool_capacity": "4096",
+            **kv_args(args.set)}
+    base = parse_graph_config(opts)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: must be at least 1 (got {args.repeats})")
+    if args.sim_seeds < 0 or args.sim_jitter < 0:
+        raise ValueError("--sim-seeds/--sim-jitter: must not be negative")
+    if args.trace and not Path(args.trace).exists():
+        raise FileNotFoundError(f"--trace: no such file {args.trace}")
+    workload = {"trace": args.trace, "requests": args.requests,
+                "arrival_scale": args.arrival_scale, "max_output": args.max_output,
+                "max_prompt": args.max_prompt, "seed": base.seed}
+    trace = _workload(workload)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in policies:
+        parse_graph_config(base.model_dump(), policy=p)  # names a bad policy up front
+    start_ray(args.num_cpus)
+    try:
+        res = run_bench(base, policies, trace, Path(args.out), args.timeout,
+                        repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds,
+                        workload=workload, overhead_from=args.overhead_from)
+    finally:
+        stop_ray()
+    lost = sum(r["measured"]["requests_lost"] + r["measured"]["bad_tokens"]
+               for r in res["runs"])
+    print(f"wrote {args.out}")
+    return 0 if lost == 0 else 1
+
+
+def _workload(w: dict[str, Any]) -> Any:
+    from br_serve.bench.serve_bench import load_workload
+
+    return load_workload(w["trace"], w["requests"], w["arrival_scale"], w["max_output"],
+                         w["max_prompt"], w["seed"])
+
+
+def _resimulate(args: argparse.Namespace) -> int:
+    """Recompute the simulator's side of an earlier run's JSON (no Ray, no HTTP)."""
+    from br_serve.bench.serve_bench import report
+
+    path = Path(args.resimulate)
+    if not path.exists():
+        raise FileNotFoundError(f"--resimulate: no such file {path}")
+    old = json.loads(path.read_text())
+    if not old.get("workload") or "runs" not in old:
+        raise ValueError(f"--resimulate: {path} has no workload or runs (not a "
+                         "bench-serve result of this version)")
+    base = parse_graph_config(old["config"])
+    keep = ("config", "workload", "requests", "repeats", "runs")
+    res = {k: old[k] for k in keep if k in old}
+    res["sim_jitter_s"], res["sim_seeds"] = args.sim_jitter, args.sim_seeds
+    report(res, _workload(old["workload"]), base, Path(args.out), args.overhead_from)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    common = common_arguments()
+    p = sub.add_parser("bench-serve", parents=[common],
+                       help="replay a trace over HTTP per policy, beside the simulator")
+    p.add_argument("--trace", default=None, help="trace file (default: synthetic)")
+    p.add_argument("--requests", type=int, default=200, help="first N requests")
+    p.add_argument("--arrival-scale", type=float, default=1.0,
+                   help="multiply arrival times (0.5 = twice the rate)")
+    p.add_argument("--max-output", type=int, default=256, help="clip outputs (tokens)")
+    p.add_argument("--max-prompt", type=int, default=32768, help="clip prompts (tokens)")
+    p.add_argument("--policies", default="jsq,br0,brh")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="live runs per policy, interleaved (gains: mean and s.e.)")
+    p.add_argument("--sim-jitter", type=float, default=0.05,
+                   help="simulator ensemble: arrival jitter s.d. in seconds")
+    p.add_argument("--sim-seeds", type=int, default=16,
+                   help="simulator ensemble: jittered replays per policy")
+    p.add_argument("--overhead-from", choices=("jsq", "own"), default="jsq",
+                   help="calibrate the simulator's host overhead per step on the jsq runs "
+                        "(default; others out of sample) or on each policy's own runs")
+    p.add_argument("--resimulate", default=None, metavar="RESULT_JSON",
+                   help="only redo the simulator side of an earlier result (to --out)")
+    p.add_argument("--out", default="results/serve_bench.json")
+    p.set_defaults(func=cmd_bench)
+    _register_kv(sub)
+    from br_serve.bench import control_plane
+
+    control_plane.register(sub)
+
+
+def _register_kv(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench-kv", help="measure KV transfer MB/s between two Ray actors per transport",
+        description=__doc__)
+    p.add_argument("--transports", default="objref,mooncake",
+                   help="comma-separated: objref, mooncake (default both)")
+    p.add_argument("--sizes-mib", default="1,16,64", help="payload sizes in MiB")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per size")
+    p.add_argument("--mooncake-master", default=None,
+                   help="host:port of a running mooncake_master (default: start one)")
+    p.add_argument("--ray-address", default=None,
+                   help="join a running cluster (e.g. auto); default: start a local Ray")
+    p.add_argument("--out", default="kv_transfer.json", help="JSON report path")
+    p.set_defaults(func=_bench_kv)
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--sizes-mib: not a list of integers: {text!r}") from exc
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--sizes-mib: need sizes >= 1, got {text!r}")
+    return sizes
+
+
+def _bench_kv(args: argparse.Namespace) -> int:
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    bad = [t for t in transports if t not in ("objref", "mooncake")]
+    if bad or not transports:
+        raise ValueError(f"--transports: unknown {bad or transports}; known: objref, mooncake")
+    if args.reps < 1:
+        raise ValueError("--reps: must be >= 1")
+    sizes = _parse_sizes(args.sizes_mib)
+    from br_serve.bench.kv import format_rows, run_bench
+
+    report = run_bench(transports, sizes, args.reps, args.mooncake_master, args.ray_address)
+    print(json.dumps(report["config"]))
+    print(format_rows(report["results"]))
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 0

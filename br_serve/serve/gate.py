@@ -1,0 +1,70 @@
+"""Overload control at the ingress, before any prefill work (pure; injected clock).
+
+The graph can hold ``alive replicas * slots`` running requests plus ``pool_capacity``
+waiting ones. A request beyond that would be prefilled only to be refused by the
+scheduler's full pool (a late 429, after its prefill ran). :class:`AdmissionGate`
+counts the requests this ingress has accepted and not yet finished (in prefill, in the
+pool, running), takes the larger of that and the scheduler's own count (which includes
+other ingress replicas' requests past prefill), and refuses at once when the graph is
+full, with a ``Retry-After`` from the recent completion rate.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable
+
+#: completions older than this do not count towards the drain rate
+RATE_WINDOW_S = 10.0
+MAX_RETRY_AFTER_S = 30
+
+
+class AdmissionGate:
+    """See the module docstring. ``enter`` before prefill, ``leave`` when done."""
+
+    def __init__(self, replicas: int, slots: int, pool_capacity: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.slots = slots
+        self.pool_capacity = pool_capacity
+        self.alive = replicas
+        self.inside = 0
+        self.elsewhere = 0  # the scheduler's count of requests past prefill (all ingresses)
+        self._clock = clock
+        self._done: collections.deque[float] = collections.deque()
+
+    def capacity(self) -> int:
+        return self.alive * self.slots + self.pool_capacity
+
+    def observe(self, alive_replicas: int, scheduler_requests: int) -> None:
+        """The scheduler's latest view: alive replicas, requests in pool + running."""
+        self.alive = alive_replicas
+        self.elsewhere = scheduler_requests
+
+    def enter(self) -> int | None:
+        """Admit one request (None) or refuse it: the seconds to wait before a retry."""
+        load = max(self.inside, self.elsewhere)
+        if load < self.capacity():
+            self.inside += 1
+            self.elsewhere += 1  # until the next observation says otherwise
+            return None
+        return self.retry_after_s(load - self.capacity() + 1)
+
+    def leave(self) -> None:
+        """One admitted request is done (finished, failed or given up)."""
+        self.inside = max(self.inside - 1, 0)
+        self.elsewhere = max(self.elsewhere - 1, 0)
+        now = self._clock()
+        self._done.append(now)
+        while self._done and now - self._done[0] > RATE_WINDOW_S:
+            self._done.popleft()
+
+    def retry_after_s(self, excess: int) -> int:
+        """Whole seconds until ``excess`` requests have left, at the recent rate."""
+        now = self._clock()
+        recent = [t for t in self._done if now - t <= RATE_WINDOW_S]
+        if not recent:
+            return 1
+        rate = len(recent) / RATE_WINDOW_S
+        return int(min(max(math.ceil(excess / rate), 1), MAX_RETRY_AFTER_S))

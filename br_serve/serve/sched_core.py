@@ -1,0 +1,215 @@
+"""The scheduler's logic, composed of managers, without Ray or asyncio.
+
+:class:`SchedulerCore` owns
+
+- the **prompt pool** (:class:`PromptPool`: what the policy needs of a waiting request:
+  id, prompt length, prefix key, when it entered) and the **admission table** (the
+  one place that holds a request's :class:`Admission`, i.e. its KV handle and sampling
+  parameters, from ``submit`` until a replica took it or it was given up);
+- the **mirror** of the decode replicas with its in-flight bookkeeping (:class:`Mirror`);
+- the barrier **membership** (:class:`Membership`);
+- the **policy** (built by the caller) and the predictor it learns from (feedback of
+  every finished request);
+- the step counters (:class:`StepStats`).
+
+The scheduler actor (:mod:`br_serve.serve.scheduler`) feeds it RPCs and replica
+answers and carries out the :class:`Dispatch` list each :meth:`SchedulerCore.tick`
+returns. State changes happen here only; every method is synchronous.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from br_serve.core import FinishedRequests, PolicyBase, PoolFullError, PoolRequest, PromptPool
+from br_serve.core.predictor import TerminationPredictor
+from br_serve.serve.membership import Membership
+from br_serve.serve.messages import Admission, AdmitReply, ReplicaReport
+from br_serve.serve.mirror import Mirror
+from br_serve.serve.stepstats import StepStats
+
+#: ``submit``'s answer: ``queued``; ``duplicate`` (already queued or running:
+#: idempotent resubmission); ``full`` (pool at capacity: backpressure); ``no_replica``.
+SubmitStatus = Literal["queued", "duplicate", "full", "no_replica"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send ``admission`` to decode replica ``replica`` (``DecodeReplica.admit``);
+    its answer goes to :meth:`SchedulerCore.answered` with ``seq``."""
+
+    replica: int
+    admission: Admission
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportOutcome:
+    """``tick_due``: every member has reported this step. ``imbalance_tokens``: the
+    step's imbalance when this was the group's rank-0 report, else None."""
+
+    tick_due: bool
+    imbalance_tokens: int | None = None
+
+
+class SchedulerCore:
+    """See the module docstring. ``step_model`` is ``(a, b, c)`` (seconds per token, per
+    step, per request; scalars or one per replica) with which the step counters price
+    each measured step; ``clock`` gives seconds (enqueue stamps, ``now_s``)."""
+
+    def __init__(self, replicas: int, slots: int, pool_capacity: int,
+                 step_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike],
+                 policy: PolicyBase[Any], detail: bool,
+                 predictor: TerminationPredictor | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.g = replicas
+        self.pool = PromptPool(pool_capacity)
+        self.admissions: dict[str, Admission] = {}
+        self.mirror = Mirror(replicas, slots, step_model)
+        for g in range(replicas):  # alive once a ping says so
+            self.mirror.state.set_alive(g, False)
+        self.members = Membership(replicas)
+        self.policy = policy
+        self.detail = detail
+        self.predictor = predictor
+        self.stats = StepStats()
+        self.ticks = 0
+        self._clock = clock
+        self._t0 = clock()
+
+    def now_s(self) -> float:
+        return self._clock() - self._t0
+
+    # -- requests -------------------------------------------------------------------
+    def submit(self, entry: Admission) -> SubmitStatus:
+        rid = entry.request_id
+        if rid in self.admissions or rid in self.mirror:
+            return "duplicate"
+        if not self.mirror.alive().any():
+            return "no_replica"
+        req = PoolRequest(rid, entry.prompt_tokens, enqueued_s=self.now_s(),
+                          enqueued_tick=self.ticks, arrival_s=entry.arrival_s,
+                          prefix_hash=entry.prefix_hash)
+        try:
+            self.pool.add(req)
+        except PoolFullError:
+            return "full"
+        self.admissions[rid] = entry
+        return "queued"
+
+    def cancel(self, request_id: str) -> None:
+        """The owner gave ``request_id`` up: out of the pool, and never put back."""
+        self.admissions.pop(request_id, None)
+        if request_id in self.pool:
+            self.pool.remove(request_id)
+
+    def locate(self, request_id: str) -> tuple[str, int]:
+        """``("pool" | "running" | "unknown", replica)`` (-1 when none)."""
+        if request_id in self.pool:
+            return "pool", -1
+        g = self.mirror.replica_of(request_id)
+        return ("running", g) if g >= 0 else ("unknown", -1)
+
+    # -- the tick -------------------------------------------------------------------
+    def tick(self) -> list[Dispatch]:
+        """Run the policy once on the pool; the assignments leave the pool for the
+        mirror (in flight) and come back as the admissions to send."""
+        if not len(self.pool) or not self.mirror.state.free_slots().any():
+            return []
+        t0 = time.perf_counter()
+        snap = self.mirror.snapshot(self.detail)
+        res = self.policy.schedule(snap, self.pool, self.now_s(), self.ticks)
+        self.ticks += 1
+        tickets = [self.pool.ticket(a.request_id) for a in res.assignments]
+        reqs = self.pool.remove_many(res.assignments)
+        out: list[Dispatch] = []
+        for a, req, ticket in zip(res.assignments, reqs, tickets, strict=True):
+            seq = self.mirror.dispatch(a, req, ticket)
+            out.append(Dispatch(a.replica, self.admissions[a.request_id], seq))
+        self.stats.record_tick(time.perf_counter() - t0, len(out))
+        return out
+
+    def answered(self, d: Dispatch, reply: AdmitReply | None) -> bool:
+        """Replica ``d.replica``'s answer to ``d`` (None: the call failed). True when the
+        request went back to the pool (a tick may place it elsewhere)."""
+        rid = d.admission.request_id
+        entry = self.mirror.answered(d.replica, rid, d.seq, reply)
+        if reply is not None and (reply.taken or reply.status == "failed"):
+            later = self.mirror.dispatch_of(rid)
+            if rid not in self.pool and (later is None or later == d.seq):
+                # the replica (or the re-prefill) owns it now; a late answer of a
+                # superseded dispatch (its replica died, the request went back to the
+                # pool or elsewhere) must not drop the admission of the newer one
+                self.admissions.pop(rid, None)
+            return False
+        if entry is None or rid not in self.admissions:
+            return False  # cancelled meanwhile, or already handled
+        self.stats.dispatch_failures += 1
+        self.pool.restore(entry.request, entry.ticket)
+        return True
+
+    # -- replicas -------------------------------------------------------------------
+    def on_report(self, rep: ReplicaReport) -> ReportOutcome:
+        """Apply one replica's post-step report (ignored for a dead replica)."""
+        if not self.mirror.alive()[rep.replica]:
+            return ReportOutcome(False)
+        if rep.barrier_loads and rep.generation == self.members.generation:
+            self.mirror.advance(rep.members, rep.generation, rep.barrier_step)
+        finished = self.mirror.apply_report(rep)
+        if finished and self.predictor is not None:
+            n = len(finished)
+            self.predictor.observe(FinishedRequests(
+                prompt_tokens=np.asarray([f.prompt_tokens for f in finished], dtype=np.int64),
+                output_tokens=np.asarray([f.output_tokens for f in finished], dtype=np.int64),
+                prefix_hash=np.asarray([f.prefix_hash for f in finished], dtype=np.int64),
+                finish_s=np.full(n, self.now_s())))
+        imb = None
+        if (rep.barrier_loads and rep.members and rep.replica == rep.members[0]
+                and rep.generation == self.members.generation):
+            loads = np.asarray(rep.barrier_loads, dtype=np.int64)
+            running = np.asarray(rep.barrier_running, dtype=np.int64)
+            members = np.asarray(rep.members, dtype=np.int64)
+            st = self.mirror.state
+            model_s = float((st.step_a[members] * loads + st.step_c[members] * running
+                             + st.step_b[members]).max())
+            imb = self.stats.record_step(loads, int(sum(rep.barrier_running)),
+                                         rep.compute_s + rep.barrier_s, model_s)
+        return ReportOutcome(self.members.step_complete(rep), imb)
+
+    def mark_dead(self, g: int) -> list[str]:
+        """Replica ``g`` is gone: its unanswered dispatches go back to the pool. Returns
+        the ids it had taken (their owners re-prefill them)."""
+        back, lost = self.mirror.set_dead(g)
+        for e in back:
+            if e.request.request_id in self.admissions:
+                self.pool.restore(e.request, e.ticket)
+        for rid in lost:
+            self.admissions.pop(rid, None)
+        return lost
+
+    def mark_alive(self, g: int, incarnation: str) -> None:
+        self.mirror.set_alive(g, incarnation)
+
+    def alive_replicas(self) -> list[int]:
+        return [int(g) for g in np.flatnonzero(self.mirror.alive())]
+
+    # -- views ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Per-replica load/running/free slots, pool, membership (``/v1/br/state``)."""
+        st = self.mirror.state
+        loads, running, free = st.load_tokens(), st.running_requests(), st.free_slots()
+        return {
+            "generation": self.members.generation, "members": list(self.members.members),
+            "pool_size": len(self.pool), "pool_capacity": self.pool.capacity,
+            "tick": self.ticks, "in_flight": self.mirror.inflight_count(),
+            "recent_mean_imbalance_tokens": self.stats.recent_mean_imbalance(),
+            "replicas": [{"replica": g, "alive": bool(st.alive[g]),
+                          "load_tokens": int(loads[g]), "running": int(running[g]),
+                          "free_slots": int(free[g])} for g in range(self.g)],
+        }

@@ -1,0 +1,263 @@
+"""The scheduler actor's I/O: replica handles, pings, barrier generations, dispatch.
+
+A mixin of :class:`br_serve.serve.scheduler.Scheduler`; every decision is the pure
+:class:`SchedulerCore`'s, every wait here is bounded:
+
+- bootstrap looks each decode replica up by name for at most ``LOOKUP_S`` (a replica
+  that died is never waited for: it is marked dead, and joins again when the ingress
+  has replaced it), pings the found ones (their constructors may still run: at most
+  ``START_S``), rebuilds the mirror from their latest reports, then adopts the running
+  barrier generation or forms a new one. Readiness follows, even with no replica left
+  (then requests are refused with 503); a failure of bootstrap itself is kept and
+  raised to every caller instead of leaving them waiting;
+- pings wait ``PING_S``; a replica that does not answer is dead (and killed, so that
+  it cannot come back half-alive); one whose ``ping`` raised is alive (a bug is logged,
+  it is not a death);
+- forming a generation is bounded by the barrier's join timeout, and retried among the
+  replicas still alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+from br_serve.serve.config import GraphConfig
+from br_serve.serve.messages import AdmitReply, ReplicaReport
+from br_serve.serve.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
+from br_serve.serve.sched_core import Dispatch, SchedulerCore
+
+log = logging.getLogger(__name__)
+
+LOOKUP_S = 10.0
+START_S = 120.0
+PING_S = 3.0
+READY_S = 180.0
+ADMIT_S = 120.0
+_JOIN_S = 90.0
+
+
+class SchedulerUnavailable(RuntimeError):
+    """The scheduler is not ready (still starting, or its bootstrap failed)."""
+
+
+class SchedulerIO:
+    """See the module docstring. Set up by :meth:`_io_init`; runs on the actor's loop."""
+
+    cfg: GraphConfig
+    core: SchedulerCore
+
+    def _io_init(self, cfg: GraphConfig, decode_names: list[str], core: SchedulerCore) -> None:
+        self.cfg = cfg
+        self.core = core
+        self.decode_names = list(decode_names)
+        self.decode: list[Any] = [None] * len(decode_names)
+        self.incarnation = uuid.uuid4().hex
+        self._wake: asyncio.Event | None = None
+        self._ready: asyncio.Event | None = None
+        self._failed: BaseException | None = None
+        self._group_lock: asyncio.Lock | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._metrics: Any = None
+
+    # -- lifecycle --------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._main is not None:
+            return
+        self._wake = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._group_lock = asyncio.Lock()
+        self._main = asyncio.get_running_loop().create_task(self._main_loop())
+        try:
+            from br_serve.serve.metrics import SchedulerMetrics
+
+            self._metrics = SchedulerMetrics()
+        except (ImportError, RuntimeError, ValueError) as exc:  # metrics are best-effort
+            log.warning("scheduler: metrics disabled: %s", exc)
+
+    async def _ensure_ready(self) -> None:
+        """Wait (bounded) for bootstrap. Raises :class:`SchedulerUnavailable`."""
+        self._start()
+        assert self._ready is not None
+        try:
+            await asyncio.wait_for(self._ready.wait(), READY_S)
+        except TIMEOUT as exc:
+            raise SchedulerUnavailable(f"scheduler not ready after {READY_S:.0f} s") from exc
+        if self._failed is not None:
+            raise SchedulerUnavailable(f"scheduler bootstrap failed: {self._failed!r}")
+
+    def _wake_tick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _main_loop(self) -> None:
+        assert self._ready is not None and self._wake is not None
+        try:
+            await self._bootstrap()
+        except Exception as exc:  # a bug: every caller gets it instead of a hang
+            log.exception("scheduler: bootstrap failed")
+            self._failed = exc
+        self._ready.set()
+        while self._failed is None:
+            await self._wake.wait()
+            self._wake.clear()
+            t0 = time.perf_counter()
+            try:
+                dispatches = self.core.tick()
+                self._send(dispatches)
+            except Exception:  # a policy bug must not stop every later tick
+                log.exception("scheduler: tick failed")
+                dispatches = []
+            if self._metrics is not None:
+                self._metrics.pool.set(len(self.core.pool))
+                if dispatches:
+                    self._metrics.tick_ms.observe((time.perf_counter() - t0) * 1e3)
+
+    async def _bootstrap(self) -> None:
+        """Find the replicas, rebuild the mirror from them, adopt or form the group."""
+        self.decode = await self._lookup(LOOKUP_S)
+        found = [g for g, h in enumerate(self.decode) if h is not None]
+        pings = await self._ping_all(found, START_S)  # waits for their constructors
+        reports = dict(zip(pings, await asyncio.gather(
+            *(self._report_of(g) for g in pings)), strict=True))
+        for g in range(len(self.decode)):
+            if g in pings:
+                self.core.mark_alive(g, pings[g][1])
+            else:
+                self._mark_dead(g)
+        for rep in reports.values():
+            if rep is not None:
+                self.core.on_report(rep)
+        if not self.core.members.adopt({g: p[0] for g, p in pings.items()}, reports):
+            self.core.members.at_least(max((p[0] for p in pings.values()), default=0))
+            await self._form_group(tuple(sorted(pings)))
+        log.info("scheduler %s ready: generation %d, members %s", self.incarnation,
+                 self.core.members.generation, self.core.members.members)
+
+    async def _lookup(self, wait_s: float) -> list[Any]:
+        """Handles by name; None for a name not registered within ``wait_s``."""
+        import ray
+
+        out: list[Any] = [None] * len(self.decode_names)
+        deadline = time.monotonic() + wait_s
+        while True:
+            for g, name in enumerate(self.decode_names):
+                if out[g] is None:
+                    with contextlib.suppress(ValueError):  # not registered (yet)
+                        out[g] = ray.get_actor(name, namespace=self.cfg.namespace)
+            if all(h is not None for h in out) or time.monotonic() > deadline:
+                return out
+            await asyncio.sleep(0.1)
+
+    async def _report_of(self, g: int) -> ReplicaReport | None:
+        try:
+            rep: ReplicaReport | None = await asyncio.wait_for(
+                self.decode[g].report.remote(), PING_S)
+            return rep
+        except UNAVAILABLE as exc:
+            log.warning("scheduler: no report from replica %d: %s", g, exc)
+            return None
+
+    async def _ping(self, g: int, timeout_s: float) -> tuple[int, str] | None:
+        """``(generation, incarnation)`` of a live replica, None if it is gone or hung."""
+        handle = self.decode[g]
+        if handle is None:
+            return None
+        try:
+            _, gen, inc = await asyncio.wait_for(handle.ping.remote(), timeout_s)
+            return int(gen), str(inc)
+        except UNAVAILABLE:
+            return None
+        except BUG:  # alive, but its ping is broken: log it, do not kill it
+            log.exception("scheduler: ping of replica %d raised", g)
+            return 0, self.core.mirror.incarnation[g]
+
+    async def _ping_all(self, which: list[int], timeout_s: float = PING_S
+                        ) -> dict[int, tuple[int, str]]:
+        res = await asyncio.gather(*(self._ping(g, timeout_s) for g in which))
+        return {g: r for g, r in zip(which, res, strict=True) if r is not None}
+
+    def _mark_dead(self, g: int) -> None:
+        import ray
+
+        if self.core.mirror.alive()[g]:
+            log.warning("scheduler: decode replica %d is dead", g)
+        self.core.mark_dead(g)
+        if self.decode[g] is not None:
+            with contextlib.suppress(*GONE, ValueError):
+                ray.kill(self.decode[g], no_restart=True)  # a hung one must not return
+        self._wake_tick()  # its unanswered dispatches are back in the pool
+
+    async def _form_group(self, members: tuple[int, ...]) -> None:
+        """Form a new generation among ``members``; drops ranks that fail to join and
+        are dead, and retries (a few times) until every member joined."""
+        for _ in range(5):
+            gen = self.core.members.begin(members)
+            if not members:
+                return
+            try:
+                port = await asyncio.wait_for(
+                    self.decode[members[0]].open_store.remote(gen), PING_S * 10)
+                oks = await asyncio.wait_for(asyncio.gather(
+                    *(self.decode[m].join.remote(gen, rank, members, port)
+                      for rank, m in enumerate(members)), return_exceptions=True), _JOIN_S)
+            except (*UNAVAILABLE, *BUG) as exc:
+                log.warning("scheduler: forming generation %d failed: %s", gen, exc)
+                oks = [False] * len(members)
+            if all(ok is True for ok in oks):
+                return
+            alive = await self._ping_all(list(members))
+            for g in members:
+                if g not in alive:
+                    self._mark_dead(g)
+            members = tuple(sorted(alive))
+        log.error("scheduler: could not form a barrier group among %s", members)
+
+    async def _reform(self, generation: int | None = None) -> None:
+        """Check every replica and form a new generation among the live ones (skipped
+        when ``generation`` is already superseded)."""
+        assert self._group_lock is not None
+        async with self._group_lock:
+            if generation is not None and generation < self.core.members.generation:
+                return
+            pings = await self._ping_all([g for g, h in enumerate(self.decode)
+                                          if h is not None])
+            for g in range(len(self.decode)):
+                if g in pings:
+                    self.core.mark_alive(g, pings[g][1])
+                elif self.decode[g] is not None:
+                    self._mark_dead(g)
+            await self._form_group(tuple(sorted(pings)))
+        self._wake_tick()
+
+    # -- dispatch ---------------------------------------------------------------------
+    def _send(self, dispatches: list[Dispatch]) -> None:
+        for d in dispatches:
+            ref = self.decode[d.replica].admit.remote(d.admission)
+            self._spawn(self._confirm(d, ref))
+
+    async def _confirm(self, d: Dispatch, ref: Any) -> None:
+        """The replica's answer to one dispatch; a refused or failed one goes back."""
+        reply: AdmitReply | None = None
+        try:
+            reply = await asyncio.wait_for(ref, ADMIT_S)
+        except UNAVAILABLE as exc:
+            log.warning("scheduler: dispatch of %s to %d failed: %s",
+                        d.admission.request_id, d.replica, exc)
+            self._spawn(self._reform(self.core.members.generation))
+        except BUG:
+            log.exception("scheduler: admit of %s on %d raised", d.admission.request_id,
+                          d.replica)
+        if self.core.answered(d, reply):
+            self._wake_tick()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

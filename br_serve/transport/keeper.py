@@ -1,0 +1,104 @@
+"""The KV keeper: holds every prefilled KV until it is released, then frees its source.
+
+Why it exists: with the object-ref transport the prefill deployment's reply travels
+through Serve's response path, which does not register the ingress as a borrower of an
+``ObjectRef`` nested in it, so the object would be freed as soon as the prefill call
+returns. With Mooncake a key lives in the prefill worker's segment until someone
+removes it (a full segment fails every put). One rule covers both: the prefill worker
+hands each handle to this actor (``hold``; a normal actor call, so Ray's borrowing
+applies to a nested ref), and whoever is done with the KV (the decode replica after its
+pull, the ingress when it gives a request up) calls ``release``; the keeper then frees
+the source copy through its own transport (objref: drops the ref; Mooncake: removes the
+key). A TTL bounds what a lost release can leak; expired entries are freed the same way.
+
+Faults: a keeper that dies loses its handles (objects whose only holder it was are
+freed, and their pulls fail with a retryable error: the ingress re-prefills). Its actor
+restarts empty; Mooncake keys it held stay until their writer closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from br_serve.transport.base import KVHandle, KVTransport, TransportError
+
+log = logging.getLogger(__name__)
+
+KEEPER_TTL_S = 600.0
+
+
+def keeper_name(app_name: str) -> str:
+    return f"{app_name}:kv"
+
+
+class KVKeeper:
+    """``hold(handle)`` / ``release(handle)`` / ``size()``; see the module docstring.
+
+    ``transport`` and ``mooncake_master`` name the transport it frees through (built on
+    first use, as a client that contributes no memory of its own).
+    """
+
+    def __init__(self, transport: str = "objref", mooncake_master: str | None = None,
+                 ttl_s: float = KEEPER_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._transport_name = transport
+        self._master = mooncake_master
+        self._transport: KVTransport | None = None
+        self._clock = clock
+        self._held: collections.OrderedDict[str, tuple[float, KVHandle]] = (
+            collections.OrderedDict())
+
+    async def hold(self, handle: KVHandle) -> None:
+        now = self._clock()
+        self._held[handle.key] = (now, handle)
+        self._held.move_to_end(handle.key)
+        while self._held:
+            key, (t, old) = next(iter(self._held.items()))
+            if now - t <= self.ttl_s:
+                break
+            del self._held[key]
+            log.warning("kv keeper: %r expired after %.0f s unreleased", key, self.ttl_s)
+            await self._free(old)
+
+    async def release(self, handle: KVHandle) -> None:
+        """Drop ``handle`` and free its source copy (idempotent)."""
+        self._held.pop(handle.key, None)
+        await self._free(handle)
+
+    async def size(self) -> int:
+        return len(self._held)
+
+    async def _free(self, handle: KVHandle) -> None:
+        try:
+            if self._transport is None:
+                from br_serve.transport.factory import make_transport
+
+                self._transport = make_transport(self._transport_name, self._master,
+                                                 segment_bytes=0)
+            await asyncio.to_thread(self._transport.release, handle)
+        except TransportError as exc:  # the request is unaffected; the writer's close frees it
+            log.warning("kv keeper: freeing %r failed: %s", handle.key, exc)
+
+
+def get_keeper(app_name: str, namespace: str, wait_s: float = 60.0) -> Any:
+    """Look the keeper up by name, waiting for its asynchronous registration.
+
+    Raises:
+        ValueError: not registered within ``wait_s``.
+    """
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return ray.get_actor(keeper_name(app_name), namespace=namespace)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
