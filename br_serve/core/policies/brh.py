@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 
+from br_serve.core.ageing import Ageing
 from br_serve.core.fscore import HorizonScore, discount_weights, projected_loads
 from br_serve.core.options import ConfigError, option
 from br_serve.core.policies.br0 import BR0Options
 from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, register_policy
 from br_serve.core.pool import PromptPool
 from br_serve.core.predictor import SurvivesWindow, validate_prediction
+from br_serve.core.projection import Projection, refill_arrays, refill_rollout
 from br_serve.core.tick import run_two_stage
 from br_serve.core.types import ClusterSnapshot, FloatArray, IntArray, TickResult
 
@@ -30,6 +33,14 @@ class BRHOptions(BR0Options):
                          "to end in the window when p_fin >= gate")
     predictor_timeout_s: float = option(0.01, gt=0, doc="a predictor answer later than "
                                         "this (by the injected clock) is ignored")
+    refill: Literal["none", "restore", "rollout"] = option(
+        "none", doc="how a freed slot is projected: none (stays empty), restore (the "
+        "first pool-depth finishes are refilled with an equal load), rollout (BR-0's "
+        "choice from the pool; core/projection.py)")
+    absorb: bool = option(True, doc="with refill: an admission displaces the replica's "
+                          "own projected refill")
+    max_refills: int | None = option(None, ge=0, doc="with refill: at most this many "
+                                     "refills per tick (None: as many as the pool holds)")
 
     def check(self) -> None:
         if self.cost != "tokens":
@@ -53,9 +64,11 @@ class GrowingScore:
     __slots__ = ("_args", "_bonus1", "_margins", "_one", "_parts", "peak")
 
     def __init__(self, margins: FloatArray, h: FloatArray, d: FloatArray, alpha: float,
-                 beta: float, uniform: bool, dh: float) -> None:
+                 beta: float, uniform: bool, dh: float, fill: float | None = None) -> None:
+        # ``fill`` (with refills): the total fill weight, ``d`` the overflow weights
+        # and ``dh`` the fill weights' ``sum_h u_h h``; see RefillMargins.
         self._margins = margins
-        self._args = (h, d, alpha, beta, uniform, dh)
+        self._args = (h, d, alpha, beta, uniform, dh, fill)
         self._parts: dict[int, tuple[HorizonScore, float]] = {}
         self._one, self._bonus1 = self._part(1)  # the common case, kept at hand
         self.peak = self._one.peak
@@ -63,8 +76,8 @@ class GrowingScore:
     def _part(self, n: int) -> tuple[HorizonScore, float]:
         part = self._parts.get(n)
         if part is None:
-            h, d, alpha, beta, uniform, dh = self._args
-            part = (HorizonScore(self._margins - n * h, d, alpha, beta, uniform),
+            h, d, alpha, beta, uniform, dh, fill = self._args
+            part = (HorizonScore(self._margins - n * h, d, alpha, beta, uniform, fill),
                     alpha * n * dh)
             self._parts[n] = part
         return part
@@ -123,6 +136,72 @@ class HorizonMargins:
             self._cache.pop(g, None)
 
 
+class RefillMargins:
+    """:class:`HorizonMargins` over a projection with refills (core/projection.py).
+
+    ``target`` are the projected loads with every rollout refill, ``base`` the same with
+    each replica's own refills at ``min_prompt`` (the least a refill can bring). Past a
+    replica's first refill ``f_g`` an admission displaces its refill: its load there is
+    ``max(target, base + D + n h)``, so the score of ``g`` weighs the fill
+    ``alpha * d_h`` before ``f_g`` only, and the overflow past the margin ``top - base``
+    by ``beta * d_h`` before ``f_g`` and ``(beta - alpha) * d_h`` after (the displaced
+    refill no longer fills: an overflowing admission adds ``(G - 1)`` times its excess
+    to the imbalance, not ``G``). With no refill on ``g`` it is :class:`GrowingScore`.
+    """
+
+    __slots__ = ("_cache", "alive", "alpha", "base", "beta", "d", "dh", "first", "h", "ld",
+                 "loads", "top", "uniform")
+
+    def __init__(self, target: FloatArray, base: FloatArray, first: list[int],
+                 alive: np.ndarray, d: FloatArray, alpha: float, beta: float) -> None:
+        self.loads = target
+        self.base = base
+        self.first = first
+        self.alive = alive
+        self.d = d
+        self.alpha = alpha
+        self.beta = beta
+        self.h = np.arange(d.shape[0], dtype=np.float64)
+        self.dh = float(d @ self.h)
+        self.uniform = bool((d == 1.0).all())
+        self.top: FloatArray = (target[alive].max(axis=0) if alive.any()
+                                else np.zeros(d.shape[0]))
+        self.ld: list[float] = (target @ d).tolist()
+        self._cache: dict[int, GrowingScore] = {}
+
+    def rank(self, g: int) -> float:
+        return -self.ld[g]
+
+    def scorer(self, g: int) -> GrowingScore:
+        sc = self._cache.get(g)
+        if sc is None:
+            f = self.first[g]
+            m = self.top - self.base[g]
+            if f >= self.d.shape[0]:
+                sc = GrowingScore(m, self.h, self.d, self.alpha, self.beta, self.uniform,
+                                  self.dh)
+            else:
+                w = self.d.copy()
+                w[f:] *= 1.0 - self.alpha / self.beta
+                fill = self.alpha * float(self.d[:f].sum())
+                dh = float(self.d[:f] @ self.h[:f])
+                sc = GrowingScore(m, self.h, w, self.alpha, self.beta, False, dh, fill)
+            self._cache[g] = sc
+        return sc
+
+    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
+        b = self.base[g]
+        b += d_tokens + n_requests * self.h
+        row = self.loads[g]
+        np.maximum(row, b, out=row)
+        self.ld[g] = float(row @ self.d)
+        if (row > self.top).any():
+            np.maximum(self.top, row, out=self.top)
+            self._cache.clear()
+        else:
+            self._cache.pop(g, None)
+
+
 @register_policy("brh")
 class BRH(PolicyBase[BRHOptions]):
     """Two-stage tick over horizon margin vectors fed by a termination predictor.
@@ -140,6 +219,7 @@ class BRH(PolicyBase[BRHOptions]):
         self.predictor = context.predictor or SurvivesWindow()
         self.clock = context.clock
         self.d = discount_weights(options.horizon, options.gamma)
+        self.ageing = Ageing(options.ageing_rule())
 
     def _end_steps(self, cluster: ClusterSnapshot) -> tuple[IntArray | None, bool]:
         """Projected end step of every running request (``None``: all survive)."""
@@ -163,34 +243,67 @@ class BRH(PolicyBase[BRHOptions]):
         ends[fin] = np.ceil(np.clip(mu[fin], 0, horizon + 1))
         return ends, True
 
-    def projected(self, cluster: ClusterSnapshot) -> tuple[FloatArray, bool]:
-        """``(G, H+1)`` projected loads and whether the predictor answered usably."""
-        g, horizon = cluster.num_replicas, self.options.horizon
+    def projected(self, cluster: ClusterSnapshot, pool: PromptPool | None = None
+                  ) -> Projection:
+        """The window's projected loads (with ``refill`` and a pool: its refills)."""
+        c = self.options
+        g, horizon = cluster.num_replicas, c.horizon
         run = cluster.running
         if len(run) == 0:
             # No per-request detail: each replica's load survives and grows by its count.
             h = np.arange(horizon + 1, dtype=np.float64)
-            loads = (cluster.load_tokens[:, None].astype(np.float64)
-                     + cluster.running_requests[:, None] * h[None, :])
-            return loads, True
+            return Projection(cluster.load_tokens[:, None].astype(np.float64)
+                              + cluster.running_requests[:, None] * h[None, :])
         ends, ok = self._end_steps(cluster)
-        return projected_loads(run.replica, run.prompt_tokens + run.decoded_tokens, ends,
-                               g, horizon), ok
+        weight = run.prompt_tokens + run.decoded_tokens
+        loads = projected_loads(run.replica, weight, ends, g, horizon)
+        if c.refill == "none" or ends is None or pool is None or not len(pool):
+            return Projection(loads, ok)
+        if c.refill == "restore":
+            fin = np.flatnonzero(ends <= horizon)
+            if fin.size == 0:
+                return Projection(loads, ok)
+            order = fin[np.lexsort((run.replica[fin], ends[fin]))][: len(pool)]
+            kept = ends.copy()
+            kept[order] = horizon + 1
+            target = projected_loads(run.replica, weight, kept, g, horizon)
+            first = [horizon + 1] * g
+            for r, e in zip(run.replica[order].tolist(), ends[order].tolist(), strict=True):
+                if e < first[r]:
+                    first[r] = max(0, e)
+            return Projection(target, ok, loads, first, int(order.size))
+        refills = refill_rollout(run.replica, weight, ends, cluster.alive.tolist(), horizon,
+                                 pool.sorted_sizes, c.max_refills)
+        if not refills:
+            return Projection(loads, ok)
+        r_loads, r_prompts, r_counts, first = refill_arrays(refills, g, horizon)
+        loads += r_loads
+        if not c.absorb:
+            return Projection(loads, ok, refills=len(refills))
+        base = loads - r_prompts + float(pool.sorted_sizes[0]) * r_counts
+        return Projection(loads, ok, base, first, len(refills))
 
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:
         c = self.options
-        loads, ok = self.projected(cluster)
+        proj = self.projected(cluster, pool)
+        ok = proj.ok
         alive_g = int(cluster.alive.sum()) or 1
         beta = float(alive_g) if c.beta is None else c.beta
-        model = HorizonMargins(loads, cluster.alive, self.d, c.alpha, beta)
+        model: HorizonMargins | RefillMargins
+        if proj.base is not None and proj.first is not None:
+            model = RefillMargins(proj.loads, proj.base, proj.first, cluster.alive, self.d,
+                                  c.alpha, beta)
+        else:
+            model = HorizonMargins(proj.loads, cluster.alive, self.d, c.alpha, beta)
         res = run_two_stage(
             cluster, pool, model,
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
-            max_wait_s=c.max_wait_s, max_wait_ticks=c.max_wait_ticks,
-            max_overtakes=c.max_overtakes, now_s=now_s, tick=tick)
+            starving=self.ageing.starving(pool, now_s, tick),
+            soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
+            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s)
+        self.ageing.record(pool, len(res.assignments), now_s)
         if ok:
             return res
-        return TickResult(res.assignments, res.stage1, res.stage2, res.guard, res.aged,
-                          predictor_ok=False)
+        return replace(res, predictor_ok=False)
 
