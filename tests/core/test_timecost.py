@@ -21,7 +21,7 @@ def _time_imbalance(t: np.ndarray) -> float:
     return float(t.shape[0] * t.max() - t.sum())
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(loads=st.lists(st.integers(0, 2 * 10**5), min_size=1, max_size=12),
        data=st.data())
 def test_time_score_is_minus_delta_time_imbalance(loads: list[int],

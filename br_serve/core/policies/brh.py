@@ -10,12 +10,12 @@ import numpy as np
 from br_serve.core.ageing import Ageing
 from br_serve.core.fscore import HorizonScore, discount_weights, projected_loads
 from br_serve.core.options import ConfigError, option
-from br_serve.core.policies.br0 import BR0Options
+from br_serve.core.policies.br0 import BR0Options, ScalarMargins
 from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, register_policy
 from br_serve.core.pool import PromptPool
 from br_serve.core.predictor import SurvivesWindow, validate_prediction
 from br_serve.core.projection import Projection, refill_arrays, refill_rollout
-from br_serve.core.tick import run_two_stage
+from br_serve.core.tick import MarginModel, run_two_stage
 from br_serve.core.types import ClusterSnapshot, FloatArray, IntArray, TickResult
 
 
@@ -33,12 +33,15 @@ class BRHOptions(BR0Options):
                          "to end in the window when p_fin >= gate")
     predictor_timeout_s: float = option(0.01, gt=0, doc="a predictor answer later than "
                                         "this (by the injected clock) is ignored")
-    refill: Literal["none", "restore", "rollout"] = option(
-        "none", doc="how a freed slot is projected: none (stays empty), restore (the "
-        "first pool-depth finishes are refilled with an equal load), rollout (BR-0's "
-        "choice from the pool; core/projection.py)")
+    refill: Literal["none", "rollout"] = option(
+        "none", doc="how a freed slot is projected: none (stays empty), rollout (BR-0's "
+        "choice from the pool, without replacement; core/projection.py)")
     absorb: bool = option(True, doc="with refill: an admission displaces the replica's "
                           "own projected refill")
+    trust_refill_coverage: float | None = option(
+        0.5, ge=0, doc="per tick, use BR-0's decision when the pool can refill at least "
+        "this share of the load the window projects to drop (refill_coverage; None: "
+        "always look ahead)")
     max_refills: int | None = option(None, ge=0, doc="with refill: at most this many "
                                      "refills per tick (None: as many as the pool holds)")
 
@@ -221,31 +224,61 @@ class BRH(PolicyBase[BRHOptions]):
         self.d = discount_weights(options.horizon, options.gamma)
         self.ageing = Ageing(options.ageing_rule())
 
-    def _end_steps(self, cluster: ClusterSnapshot) -> tuple[IntArray | None, bool]:
-        """Projected end step of every running request (``None``: all survive)."""
+    def _predict(self, cluster: ClusterSnapshot
+                 ) -> tuple[IntArray | None, FloatArray | None, bool]:
+        """``(ends, p_fin, ok)``: every running request's projected end step (``None``:
+        all survive the window), the predictor's ``p_fin`` and whether it answered
+        usably (a failure closes the gate for the tick)."""
         run = cluster.running
         horizon = self.options.horizon
-        if isinstance(self.predictor, SurvivesWindow):
-            return None, True
+        if isinstance(self.predictor, SurvivesWindow) or len(run) == 0:
+            return None, None, True
         t0 = self.clock()
         try:
             pred = self.predictor.predict(run, horizon)
             validate_prediction(pred, len(run))
         except Exception:  # any predictor failure degrades to the closed gate
-            return None, False
+            return None, None, False
         if self.clock() - t0 > self.options.predictor_timeout_s:
-            return None, False
-        fin = np.asarray(pred.p_fin) >= self.options.gate
+            return None, None, False
+        p = np.asarray(pred.p_fin, dtype=np.float64)
+        fin = p >= self.options.gate
         if not fin.any():
-            return None, True
+            return None, p, True
         mu = np.asarray(pred.mu_rem, dtype=np.float64)
         ends = np.full(len(run), horizon + 1, dtype=np.int64)
         ends[fin] = np.ceil(np.clip(mu[fin], 0, horizon + 1))
-        return ends, True
+        return ends, p, True
+
+    def refill_coverage(self, cluster: ClusterSnapshot, pool: PromptPool,
+                        ends: IntArray | None, p_fin: FloatArray | None) -> float:
+        """How much of the window's projected drops the pool can refill (docs/core.md).
+
+        ``(min(k, len(pool)) * median pool prompt) / (expected dropped load)`` over the
+        ``k`` requests projected to end in the window (their load at the end, weighted
+        by ``p_fin``); 0 when none is.
+        """
+        if ends is None or p_fin is None or not len(pool):
+            return 0.0
+        fin = np.flatnonzero(ends <= self.options.horizon)
+        if fin.size == 0:
+            return 0.0
+        run = cluster.running
+        dropped = float(p_fin[fin] @ (run.prompt_tokens[fin] + run.decoded_tokens[fin]
+                                      + ends[fin]))
+        if dropped <= 0:
+            return float("inf")
+        sizes = pool.sorted_sizes
+        return min(int(fin.size), len(sizes)) * float(sizes[len(sizes) // 2]) / dropped
 
     def projected(self, cluster: ClusterSnapshot, pool: PromptPool | None = None
                   ) -> Projection:
         """The window's projected loads (with ``refill`` and a pool: its refills)."""
+        ends, _, ok = self._predict(cluster)
+        return self._project(cluster, pool, ends, ok)
+
+    def _project(self, cluster: ClusterSnapshot, pool: PromptPool | None,
+                 ends: IntArray | None, ok: bool) -> Projection:
         c = self.options
         g, horizon = cluster.num_replicas, c.horizon
         run = cluster.running
@@ -253,25 +286,11 @@ class BRH(PolicyBase[BRHOptions]):
             # No per-request detail: each replica's load survives and grows by its count.
             h = np.arange(horizon + 1, dtype=np.float64)
             return Projection(cluster.load_tokens[:, None].astype(np.float64)
-                              + cluster.running_requests[:, None] * h[None, :])
-        ends, ok = self._end_steps(cluster)
+                              + cluster.running_requests[:, None] * h[None, :], ok)
         weight = run.prompt_tokens + run.decoded_tokens
         loads = projected_loads(run.replica, weight, ends, g, horizon)
         if c.refill == "none" or ends is None or pool is None or not len(pool):
             return Projection(loads, ok)
-        if c.refill == "restore":
-            fin = np.flatnonzero(ends <= horizon)
-            if fin.size == 0:
-                return Projection(loads, ok)
-            order = fin[np.lexsort((run.replica[fin], ends[fin]))][: len(pool)]
-            kept = ends.copy()
-            kept[order] = horizon + 1
-            target = projected_loads(run.replica, weight, kept, g, horizon)
-            first = [horizon + 1] * g
-            for r, e in zip(run.replica[order].tolist(), ends[order].tolist(), strict=True):
-                if e < first[r]:
-                    first[r] = max(0, e)
-            return Projection(target, ok, loads, first, int(order.size))
         refills = refill_rollout(run.replica, weight, ends, cluster.alive.tolist(), horizon,
                                  pool.sorted_sizes, c.max_refills)
         if not refills:
@@ -286,16 +305,22 @@ class BRH(PolicyBase[BRHOptions]):
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:
         c = self.options
-        proj = self.projected(cluster, pool)
-        ok = proj.ok
-        alive_g = int(cluster.alive.sum()) or 1
-        beta = float(alive_g) if c.beta is None else c.beta
-        model: HorizonMargins | RefillMargins
-        if proj.base is not None and proj.first is not None:
-            model = RefillMargins(proj.loads, proj.base, proj.first, cluster.alive, self.d,
-                                  c.alpha, beta)
+        ends, p_fin, ok = self._predict(cluster)
+        trusted = (c.trust_refill_coverage is None
+                   or self.refill_coverage(cluster, pool, ends, p_fin)
+                   < c.trust_refill_coverage)
+        model: MarginModel
+        if not trusted:  # the pool refills what the window drops: BR-0's decision
+            model = ScalarMargins(cluster)
         else:
-            model = HorizonMargins(proj.loads, cluster.alive, self.d, c.alpha, beta)
+            proj = self._project(cluster, pool, ends, ok)
+            alive_g = int(cluster.alive.sum()) or 1
+            beta = float(alive_g) if c.beta is None else c.beta
+            if proj.base is not None and proj.first is not None:
+                model = RefillMargins(proj.loads, proj.base, proj.first, cluster.alive,
+                                      self.d, c.alpha, beta)
+            else:
+                model = HorizonMargins(proj.loads, cluster.alive, self.d, c.alpha, beta)
         res = run_two_stage(
             cluster, pool, model,
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
@@ -303,7 +328,7 @@ class BRH(PolicyBase[BRHOptions]):
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s)
         self.ageing.record(pool, len(res.assignments), now_s)
-        if ok:
+        if ok and trusted:
             return res
-        return replace(res, predictor_ok=False)
+        return replace(res, predictor_ok=ok, lookahead=trusted)
 
