@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "predictors.cli",  # train-predictor, eval-predictor
     "br_serve.serve.cli",  # serve / demo / bench-serve
     "br_serve.engine.cli",  # bench-kv
+    "br_serve.emulator.cli",  # emulate-engine
 )
 
 

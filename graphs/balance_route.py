@@ -8,20 +8,37 @@ Python callers stream through ``br_serve.serve.graph.get_handle()``, which finds
 running graph under any application name (``serve run`` names it ``default``).
 
 Defaults: local Ray, emulated engine, 4 decode replicas, 2 prefill replicas, policy
-``br0``, HTTP on 127.0.0.1:8000 (Serve's own default; ``serve run`` flags or the YAML's
-``http_options`` change it). Every builder argument is a field of
-:class:`br_serve.serve.config.GraphConfig`; a bad one fails with a message naming it.
+``br0``, HTTP on 127.0.0.1:8000 (Serve's own default). Every builder argument is a field
+of :class:`br_serve.serve.config.GraphConfig`; a bad one fails with a message naming it.
+``host`` and ``port`` are refused here: Serve's HTTP proxy is one per cluster and
+``serve run`` starts it before it calls this builder, so they would be ignored (see
+:data:`HTTP_ARGS_MESSAGE` for what to use instead).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from br_serve.serve.config import GraphConfigError
 from br_serve.serve.graph import build as _build
+
+HTTP_ARGS_MESSAGE = (
+    "cannot be a builder argument: Serve's HTTP proxy is shared by the whole cluster and "
+    "is started before the application is built, so it would be ignored. Set it where "
+    "Serve starts: http_options in a Serve config file (serve run graphs/balance_route."
+    "yaml), or `serve start --http-host H --http-port P` before `serve run`, or "
+    "`br-serve serve --set host=H --set port=P`")
 
 
 def build(args: dict[str, Any]) -> Any:
-    """Application builder: ``serve run graphs.balance_route:build key=value ...``."""
+    """Application builder: ``serve run graphs.balance_route:build key=value ...``.
+
+    Raises:
+        GraphConfigError: a bad argument, or ``host`` / ``port`` (named).
+    """
+    for key in ("host", "port"):
+        if key in args:
+            raise GraphConfigError(f"{key}: {HTTP_ARGS_MESSAGE}")
     return _build(args)
 
 

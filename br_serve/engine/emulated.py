@@ -5,7 +5,8 @@ It implements both :class:`~br_serve.engine.base.PrefillEngine` and
 many decode replicas.
 
 Contracts:
-- Tokenizer: whitespace words of a string prompt, or the length of a token-id list.
+- Tokenizer: whitespace words of a string prompt, or the length of a token-id list
+  (ids must lie in ``0 .. vocab_size - 1``).
 - Tokens are a pure function of ``(seed, position)`` (``position`` counts prompt tokens
   first), like a greedy model whose output depends only on its context: re-prefilling a
   prompt extended by the tokens already produced continues the same sequence. The seed
@@ -87,8 +88,17 @@ class EmulatedEngine:
 
     # -- prefill -------------------------------------------------------------------
     def count_tokens(self, prompt: str | list[int]) -> int:
+        """Whitespace words, or the number of token ids.
+
+        Raises:
+            ValueError: a token id outside ``0 .. vocab_size - 1`` (as a real engine).
+        """
         if isinstance(prompt, str):
             return len(prompt.split())
+        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad} is outside the vocabulary "
+                             f"(0..{self.vocab_size - 1})")
         return len(prompt)
 
     def prefill(self, request_id: str, prompt: str | list[int],

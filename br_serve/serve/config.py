@@ -56,7 +56,7 @@ class GraphConfig(ClusterConfig, EngineSpec):
     pool_capacity: int = Field(default=1024, ge=1)
     """Prompt pool bound (429 beyond it)."""
     max_context_tokens: int = Field(default=131072, ge=2)
-    """Bound on prompt + max_tokens."""
+    """Bound on prompt + max_tokens (beyond it: a 400 naming the maximum context length)."""
     transport: Literal["objref", "mooncake"] = "objref"
     """KV transport: Ray object refs or a Mooncake store."""
     mooncake_master: str | None = None
@@ -64,9 +64,10 @@ class GraphConfig(ClusterConfig, EngineSpec):
     connects to (``transport=mooncake``); unset, each process reads
     ``MOONCAKE_MASTER``, else ``127.0.0.1:50051``."""
     host: str = "127.0.0.1"
-    """HTTP bind address."""
+    """HTTP bind address for ``deploy`` / ``br-serve serve`` (refused as a ``serve run``
+    builder argument: Serve's proxy starts before the app is built)."""
     port: int = Field(default=8000, ge=0, le=65535)
-    """HTTP port."""
+    """HTTP port (as ``host``)."""
     api_key: str | None = None
     """When set (or ``BR_SERVE_API_KEY`` is), every endpoint but ``/health`` needs
     ``Authorization: Bearer <key>``."""

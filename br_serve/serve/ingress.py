@@ -4,9 +4,12 @@ HTTP (FastAPI, wrapped as a Serve deployment in :mod:`br_serve.serve.graph`):
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming ending in
 ``data: [DONE]``, or one JSON body; both with ``usage``), ``GET /v1/models``,
 ``GET /health``, ``GET /v1/br/state``. Errors use OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}``: 400 bad JSON/fields, 401 missing
-or wrong API key (every path but ``/health``), 404 unknown model, 413 prompt over the
-context limit, 429 pool full, 503 no decode replica alive.
+``{"error": {"message", "type", "param", "code"}}``, unknown routes and wrong methods
+included: 400 bad JSON, a body that is not ``application/json``, a bad or unsupported
+field (named; see :mod:`br_serve.serve.openai_api`) or a prompt over the context limit
+("maximum context length", as vLLM), 401 missing or wrong API key (every path but
+``/health``), 404 unknown model or route, 405 wrong method, 429 pool full, 503 no
+decode replica alive.
 
 Handle API: :meth:`Ingress.generate_stream` (see its docstring).
 
@@ -17,19 +20,23 @@ the graph's namespace, owned by it: deleting the app removes them).
 # No "from __future__ import annotations": FastAPI must see real annotations (Request)
 # after Serve rewrites the method signatures.
 
+import contextvars
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from br_serve.serve import openai_api as oa
 from br_serve.serve.config import parse_graph_config
+from br_serve.serve.stopping import OutputFilter
 from br_serve.serve.streams import GenerateError, Streamer, Token
 
 log = logging.getLogger(__name__)
@@ -43,8 +50,52 @@ def actor_names(app_name: str, replicas: int) -> tuple[str, list[str]]:
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None,
-           code: str | None = None) -> JSONResponse:
-    return JSONResponse(oa.error_body(message, type_, code, param), status_code=status)
+           code: str | None = None,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(oa.error_body(message, type_, code, param), status_code=status,
+                        headers=headers)
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing errors (unknown path, wrong method) in OpenAI's shape, not FastAPI's."""
+    what = f"{request.method} {request.url.path}"
+    msg = {404: f"{what}: no such route",
+           405: f"{what}: method not allowed"}.get(exc.status_code, f"{what}: {exc.detail}")
+    return _error(exc.status_code, msg, "invalid_request_error",
+                  code=_HTTP_CODES.get(exc.status_code), headers=exc.headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _error(400, f"request: {exc.errors()}", "invalid_request_error")
+
+
+def _is_json(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return media == "application/json"
+
+
+async def _apply_filter(gen: AsyncGenerator[Token, None],
+                        filt: OutputFilter) -> AsyncGenerator[Token, None]:
+    """``gen`` with stop strings, stop ids and echo applied; ends (closing ``gen``, which
+    aborts the request on its replica) at the token that finishes the output."""
+    try:
+        async for tok in gen:
+            if tok.error is not None:
+                yield tok
+                return
+            text, finished, reason = filt.push(tok.token_id, tok.text, tok.finished,
+                                               tok.finish_reason)
+            yield dataclasses.replace(tok, text=text, finished=finished,
+                                      finish_reason=reason)
+            if finished:
+                return
+    finally:
+        await gen.aclose()
 
 
 def _create_actors(config: dict[str, Any]) -> tuple[Any, list[Any], Any]:
@@ -118,6 +169,7 @@ class Ingress:
         from br_serve.engine.base import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        self._start()
         try:
             async for tok in self._timed(self.streamer.generate(prompt, params, request_id)):
                 yield _token_dict(tok)
@@ -125,17 +177,29 @@ class Ingress:
             yield {"index": 0, "finished": True, "finish_reason": "error",
                    "error": exc.message, "status": exc.status}
 
+    def _start(self) -> None:
+        """Start the streamer's background loops (idempotent) in a fresh context.
+
+        Ray keeps an async actor's current task id in a context variable, and a task
+        created with ``create_task`` copies the caller's context: loops started inside a
+        request would submit their poll RPCs as children of that request, and when its
+        client disconnects, Serve's recursive cancellation cancels them (the ingress
+        then took every decode replica for dead and logged a TaskCancelledError per
+        replica). An empty context makes them nobody's children.
+        """
+        contextvars.Context().run(self.streamer._ensure_started)
+
     async def state(self) -> dict[str, Any]:
         """The scheduler's view (same as ``GET /v1/br/state``)."""
-        self.streamer._ensure_started()
+        self._start()
         return await self.streamer._call_scheduler("state")  # type: ignore[no-any-return]
 
     async def stats(self) -> dict[str, Any]:
-        self.streamer._ensure_started()
+        self._start()
         return await self.streamer._call_scheduler("stats")  # type: ignore[no-any-return]
 
     async def reset_stats(self) -> None:
-        self.streamer._ensure_started()
+        self._start()
         await self.streamer._call_scheduler("reset_stats")
 
     # -- HTTP ---------------------------------------------------------------------------
@@ -176,40 +240,43 @@ class Ingress:
     async def _serve(self, request: Request, chat: bool) -> Any:
         if (denied := self._auth(request)) is not None:
             return denied
+        if not _is_json(request):  # as vLLM: only application/json bodies
+            got = request.headers.get("content-type", "none")
+            return _error(400, f"body: Content-Type must be application/json (got {got!r})",
+                          "invalid_request_error")
         try:
             data = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return _error(400, f"body: invalid JSON ({exc})", "invalid_request_error")
-        if not isinstance(data, dict):
-            return _error(400, "body: must be a JSON object", "invalid_request_error")
         try:
-            req: oa.CompletionRequest | oa.ChatRequest = (
-                oa.ChatRequest.model_validate(data) if chat
-                else oa.CompletionRequest.model_validate(data))
-            prompt = req.prompt_value()
-        except ValidationError as exc:
-            msg, param = oa.validation_message(exc)
-            return _error(400, msg, "invalid_request_error", param)
-        except ValueError as exc:
-            return _error(400, str(exc), "invalid_request_error", "prompt")
-        if req.model != self.cfg.model:
+            req = oa.parse_request(data, chat)
+        except oa.RequestError as exc:
+            return _error(400, exc.message, "invalid_request_error", exc.param)
+        if req.model is not None and req.model != self.cfg.model:
             return _error(404, f"model: {req.model!r} does not exist; serving "
                           f"{self.cfg.model!r}", "invalid_request_error", "model",
                           "model_not_found")
+        prompt = req.prompt_value()
         params = req.sampling()
+        filt = req.output_filter()
         rid = self.streamer.new_request_id()
-        public_id = ("chatcmpl-" if chat else "cmpl-") + rid
-        gen = self._timed(self.streamer.generate(prompt, params, rid))
+        public_id = ("chatcmpl-" if chat else "cmpl-") + (req.request_id or rid)
+        self._start()
+        raw = self.streamer.generate(prompt, params, rid)
+        gen = self._timed(_apply_filter(raw, filt) if filt.active else raw)
         try:
             first = await gen.__anext__()
         except GenerateError as exc:
-            return _error(exc.status, exc.message, exc.type, exc.param)
+            param = exc.param
+            if param is None and exc.status == 400 and exc.message.startswith("prompt:"):
+                param = "prompt"
+            return _error(exc.status, exc.message, exc.type, param)
         except StopAsyncIteration:
             return _error(500, "empty generation", "server_error")
         if req.stream:
-            include = bool(req.stream_options and req.stream_options.include_usage)
+            include, continuous = req.stream_usage()
             return StreamingResponse(
-                self._sse(first, gen, public_id, chat, include),
+                self._sse(first, gen, public_id, chat, include, continuous, filt),
                 media_type="text/event-stream")
         toks = [first]
         async for tok in gen:
@@ -220,10 +287,11 @@ class Ingress:
         text = "".join(t.text for t in toks)
         use = oa.usage(first.prompt_tokens, len(toks))
         return oa.completion_body(public_id, self.cfg.model, text, last.finish_reason, use,
-                                  chat)
+                                  chat, filt.stop_reason)
 
     async def _sse(self, first: Token, gen: AsyncGenerator[Token, None], rid: str, chat: bool,
-                   include_usage: bool) -> AsyncIterator[str]:
+                   include_usage: bool, continuous_usage: bool = False,
+                   filt: OutputFilter | None = None) -> AsyncIterator[str]:
         model = self.cfg.model
         n = 0
         tok: Token | None = first
@@ -235,9 +303,12 @@ class Ingress:
                     yield f"data: {json.dumps(err)}\n\n"
                     break
                 n += 1
-                use = oa.usage(tok.prompt_tokens, n) if tok.finished else None
+                use = (oa.usage(tok.prompt_tokens, n) if tok.finished or continuous_usage
+                       else None)
+                stop_reason = filt.stop_reason if filt is not None and tok.finished else None
                 body = oa.chunk_body(rid, model, tok.text, tok.finish_reason if tok.finished
-                                     else None, chat, first=is_first, use=use)
+                                     else None, chat, first=is_first, use=use,
+                                     stop_reason=stop_reason)
                 is_first = False
                 yield f"data: {json.dumps(body)}\n\n"
                 if tok.finished:

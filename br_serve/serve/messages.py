@@ -15,7 +15,7 @@ from br_serve.transport.base import KVHandle
 class PrefillOutput:
     """What the prefill deployment returns. ``error`` set means nothing else is valid.
 
-    ``error_status`` is the HTTP status the ingress should answer with (400, 413).
+    ``error_status`` is the HTTP status the ingress should answer with (400).
     """
 
     request_id: str

@@ -1,9 +1,10 @@
 """Prefill deployment: prompt -> KV (put in the transport), prompt length, first token.
 
 Runs as a Serve deployment with N replicas. Each call returns a :class:`PrefillOutput`;
-bad input (empty prompt, prompt + max_tokens over the context limit) comes back as an
-``error`` with the HTTP status the ingress should use, not as an exception, so the
-ingress can answer 400/413 without parsing remote tracebacks.
+bad input (empty prompt, a prompt the engine cannot encode, prompt + max_tokens over the
+context limit) comes back as an ``error`` with the HTTP status the ingress should use
+(400), not as an exception, so the ingress can answer without parsing remote
+tracebacks.
 """
 
 from __future__ import annotations
@@ -50,16 +51,22 @@ class PrefillWorker:
                  params: SamplingParams) -> PrefillOutput:
         t0 = time.perf_counter()
         with self._lock:
-            s = self.engine.count_tokens(prompt)
+            try:
+                s = self.engine.count_tokens(prompt)
+            except ValueError as exc:  # e.g. a token id outside the vocabulary
+                return PrefillOutput(request_id, error=str(exc), error_status=400)
             if s < 1:
                 return PrefillOutput(request_id, error="prompt: must not be empty",
                                      error_status=400)
             limit = self.cfg.max_context_tokens
             if s + params.max_tokens > limit:
+                # 400 with OpenAI's and vLLM's "maximum context length" wording, which
+                # clients look for to shorten the request
                 return PrefillOutput(
-                    request_id, prompt_tokens=s, error_status=413,
-                    error=(f"prompt: {s} prompt tokens + max_tokens {params.max_tokens} "
-                           f"exceed the context limit of {limit} tokens"))
+                    request_id, prompt_tokens=s, error_status=400,
+                    error=(f"prompt: this model's maximum context length is {limit} "
+                           f"tokens; the request needs {s + params.max_tokens} ({s} prompt "
+                           f"tokens + max_tokens {params.max_tokens})"))
             res = self.engine.prefill(request_id, prompt, params)
         handle = None if res.finished else self.transport.put(request_id, res.kv)
         return PrefillOutput(

@@ -101,7 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
     f = sub.add_parser("fetch-trace", help="download a public trace (needs internet)",
-                       description="Download the public original of a supported trace.")
+                       description="Download the public original of a supported trace into "
+                       "DEST/<family>/<original file name>, e.g. traces/mooncake/"
+                       "conversation_trace.jsonl; without NAME, list the sources and "
+                       "where each one goes.")
     f.add_argument("name", nargs="?", default=None, help="source name (omit to list them)")
     f.add_argument("--dest", default="traces", help="directory to write into")
     f.add_argument("--force", action="store_true", help="download again if present")
@@ -109,13 +112,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def fetch(args: argparse.Namespace) -> int:
-    from br_serve.traces.download import SOURCES, download
+    from br_serve.traces.download import SOURCES, DownloadError, download, target
 
     if args.name is None:
         for s in SOURCES:
-            print(f"{s.name:<24} {s.licence:<40} {s.url}")
+            print(f"{s.name:<24} {target(s.name, args.dest)!s:<52} {s.licence}")
         return 0
-    print(f"fetch-trace: wrote {download(args.name, args.dest, force=args.force)}")
+    try:
+        print(f"fetch-trace: wrote {download(args.name, args.dest, force=args.force)}")
+    except DownloadError as exc:  # one line, no traceback (offline is not a bug)
+        print(f"br-serve fetch-trace: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

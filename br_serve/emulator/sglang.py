@@ -1,0 +1,267 @@
+"""The SGLang protocol: an OpenAI server in ``--disaggregation-mode prefill|decode``.
+
+Follows docs/engine-contracts.md ("SGLang"):
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions`` with the PD fields
+  ``bootstrap_host``, ``bootstrap_port``, ``bootstrap_room`` (an integer in
+  ``[0, 2**63)`` the router picks) and ``routed_dp_rank`` (deprecated alias
+  ``data_parallel_rank``; the ``X-Data-Parallel-Rank`` header wins over both; none:
+  round robin). Errors are flat: ``{"object": "error", "message", "type", "param",
+  "code"}``; in a stream ``data: {"error": {...}}`` then ``data: [DONE]``.
+- The router sends the same request to the prefill and the decode server at once.
+  Prefill role: computes the prompt, opens the room and holds its KV; its HTTP answer
+  (one token) comes only when the room's KV was pulled. An abort
+  (``POST /abort_request {"rid"}``, or the client leaving) or ``kv_ttl_s`` without a
+  decode (SGLang's bootstrap timeout) releases the KV and answers with an error.
+- Decode role: waits up to ``bootstrap_wait_s`` for the room at
+  ``bootstrap_host:bootstrap_port`` (the prefill emulator's HTTP or bootstrap port),
+  refuses (400) a room the prefill never opened, then decodes all ``max_tokens``
+  tokens in lock-step (token 0 equals the prefill's token).
+- ``GET /v1/loads``: per-rank ``num_running_reqs``, ``num_waiting_reqs``,
+  ``num_used_tokens``, ``token_usage``, ... (``dp_rank`` / ``include`` / ``format``
+  query parameters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from br_serve.emulator.app import (
+    Emulator,
+    Spec,
+    TokenStream,
+    build_base_app,
+    json_body,
+    unless_disconnected,
+)
+from br_serve.emulator.config import EmulatorConfig
+from br_serve.emulator.core import first_token
+from br_serve.emulator.openai import (
+    DONE,
+    ApiError,
+    ChunkWriter,
+    ParsedRequest,
+    completion_body,
+    parse_request,
+    sse_json,
+)
+
+RANK_HEADER = "X-Data-Parallel-Rank"
+_EXTRA = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room", "routed_dp_rank",
+                    "data_parallel_rank", "rid"})
+_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+VERSION = "emulated"
+
+
+def error_body(exc: ApiError) -> dict[str, Any]:
+    return {"object": "error", "message": exc.message, "type": exc.type, "param": exc.param,
+            "code": exc.status}
+
+
+def stream_error(exc: ApiError) -> bytes:
+    return sse_json({"error": error_body(exc)}) + DONE
+
+
+SPEC = Spec("sglang", error_body, stream_error, {"matched_stop": None})
+
+
+def make_emulator(config: EmulatorConfig) -> Emulator:
+    return Emulator(config, SPEC)
+
+
+def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value < hi:
+        raise ApiError(400, f"{name}: must be an integer in [{lo}, {hi})", name)
+    return value
+
+
+def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
+    app = build_base_app(emu, rank)
+    cfg = emu.config
+
+    def pinned_rank(request: Request, body: dict[str, Any]) -> int:
+        raw = request.headers.get(RANK_HEADER)
+        if raw is not None:
+            try:
+                g: int | None = int(raw)
+            except ValueError:
+                raise ApiError(400, f"{RANK_HEADER}: not an integer ({raw!r})",
+                               RANK_HEADER) from None
+        else:
+            g = body.get("routed_dp_rank")
+            if g is None:
+                g = body.get("data_parallel_rank")
+        if g is None:
+            return emu.round_robin_rank()
+        if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < cfg.dp_size:
+            raise ApiError(400, f"routed_dp_rank={g!r} out of range [0, {cfg.dp_size})",
+                           "routed_dp_rank")
+        return g
+
+    def bootstrap(body: dict[str, Any]) -> tuple[str, int, int]:
+        room = _int_field(body, "bootstrap_room", 0, 2**63)
+        if room is None:
+            raise ApiError(400, "bootstrap_room: a disaggregated request needs the room "
+                                "the router picked", "bootstrap_room")
+        host = body.get("bootstrap_host")
+        port = _int_field(body, "bootstrap_port", 1, 65536)
+        if cfg.role == "decode" and (not isinstance(host, str) or port is None):
+            raise ApiError(400, "bootstrap_host / bootstrap_port: the decode server needs "
+                                "the prefill server's bootstrap address", "bootstrap_host")
+        return str(host), port or 0, room
+
+    async def prefill(request: Request, body: dict[str, Any], chat: bool) -> Response:
+        _, _, room = bootstrap(body)
+        req = parse_request(body, chat, _EXTRA, cfg.strict_fields, cfg.model, False)
+        g = pinned_rank(request, body)
+        emu.check_rank_alive(g)
+        rid = str(body.get("rid") or emu.new_id("cmpl"))
+        key = str(room)
+        if emu.broker.ledger.holds(key) or emu.broker.ledger.released_reason(key):
+            raise ApiError(400, f"bootstrap_room: {room} is already in use", "bootstrap_room")
+        emu.counters.inflight_prefills[g] += 1
+        try:
+            delay = cfg.prefill_base_s + cfg.prefill_s_per_token * req.prompt_tokens
+            await unless_disconnected(request, asyncio.sleep(delay))
+        finally:
+            emu.counters.inflight_prefills[g] -= 1
+        emu.broker.issue(key, {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens},
+                         req.prompt_tokens, g)
+        emu.counters.internal_id[rid] = key
+        emu.counters.prefills[g] += 1
+        emu.counters.prefill_ids[g].append(rid)
+        emu.counters.prompt_tokens[g] += req.prompt_tokens
+        try:
+            reason = await unless_disconnected(request, emu.broker.wait_released(key))
+        except ApiError:
+            emu.broker.abort(key)  # the client left: SGLang aborts the request
+            raise
+        if reason == "expired":
+            raise ApiError(500, f"bootstrap_room {room}: no decode server took the KV within "
+                                f"{cfg.ttl_s:g} s (bootstrap timeout)")
+        if reason == "aborted":
+            raise ApiError(400, f"request {rid} was aborted", type_="AbortError")
+        _, text = first_token(req.seed, req.prompt_tokens, cfg.vocab_size)
+        return _one_token_answer(rid, req, text)
+
+    async def decode(request: Request, body: dict[str, Any], chat: bool) -> Response:
+        host, port, room = bootstrap(body)
+        req: ParsedRequest = parse_request(body, chat, _EXTRA, cfg.strict_fields, cfg.model,
+                                           False)
+        g = pinned_rank(request, body)
+        emu.check_rank_alive(g)
+        presented = {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens}
+        await emu.pull_from_twin(host, port, str(room), presented, cfg.wait_s)
+        emu.counters.kv_pulls[g] += 1
+        emu.counters.prompt_tokens[g] += req.prompt_tokens
+        ext = str(body.get("rid") or emu.new_id("cmpl"))
+        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
+        emu.counters.internal_id[ext] = rid
+        return await emu.decode_response(request, rid, ext, g, req)
+
+    async def serve(request: Request, chat: bool) -> Response:
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body: must be a JSON object")
+        if cfg.role == "prefill":
+            return await prefill(request, body, chat)
+        return await decode(request, body, chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, chat=True)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        body = await json_body(request)
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if not isinstance(rid, str):
+            raise ApiError(400, "rid: the id of the request to abort", "rid")
+        key = emu.counters.internal_id.get(rid, rid)
+        if cfg.role == "prefill":
+            emu.broker.abort(key)
+        else:
+            emu.driver.cancel(key)
+        return Response(status_code=200)
+
+    @app.get("/v1/loads")
+    async def loads(dp_rank: int | None = None, include: str | None = None,
+                    format: str | None = None) -> Response:
+        sections = {s.strip() for s in include.split(",")} if include else {"all"}
+        bad = sections - _SECTIONS
+        if bad:
+            raise ApiError(400, f"Invalid include sections: {sorted(bad)}. "
+                                f"Valid options: {sorted(_SECTIONS)}", "include")
+        if dp_rank is not None and not 0 <= dp_rank < cfg.dp_size:
+            raise ApiError(400, f"dp_rank: out of range [0, {cfg.dp_size})", "dp_rank")
+        rows = [load_row(emu, g) for g in range(cfg.dp_size)
+                if dp_rank is None or g == dp_rank]
+        if format == "prometheus":
+            lines = []
+            for name in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens",
+                         "token_usage"):
+                lines.append(f"# TYPE sglang_{name} gauge")
+                lines += [f'sglang_{name}{{dp_rank="{r["dp_rank"]}"}} {r[name]}' for r in rows]
+            return PlainTextResponse("\n".join(lines) + "\n")
+        return JSONResponse({
+            "timestamp": datetime.now(timezone.utc).isoformat(), "version": VERSION,
+            "dp_rank_count": len(rows), "loads": rows, "aggregate": _aggregate(rows)})
+
+    return app
+
+
+def load_row(emu: Emulator, g: int) -> dict[str, Any]:
+    cfg, core = emu.config, emu.core
+    if cfg.role == "decode":
+        running, waiting, used = core.running_count(g), core.waiting_count(g), \
+            core.load_tokens(g)
+    else:
+        running, waiting = emu.counters.inflight_prefills[g], 0
+        used = emu.broker.ledger.held_tokens(g)
+    usage = used / cfg.kv_capacity_tokens
+    return {"dp_rank": g, "timestamp": time.time(), "num_running_reqs": running,
+            "num_waiting_reqs": waiting, "num_total_reqs": running + waiting,
+            "num_used_tokens": used, "num_total_tokens": used,
+            "max_total_num_tokens": cfg.kv_capacity_tokens, "token_usage": usage,
+            "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": usage,
+            "max_running_requests": cfg.slots}
+
+
+def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    n = max(len(rows), 1)
+    return {"total_running_reqs": sum(r["num_running_reqs"] for r in rows),
+            "total_waiting_reqs": sum(r["num_waiting_reqs"] for r in rows),
+            "total_reqs": sum(r["num_total_reqs"] for r in rows),
+            "total_used_tokens": sum(r["num_used_tokens"] for r in rows),
+            "avg_token_usage": sum(r["token_usage"] for r in rows) / n}
+
+
+def _one_token_answer(rid: str, req: ParsedRequest, text: str) -> Response:
+    if not req.stream:
+        return JSONResponse(completion_body(rid, req, text, 1, SPEC.choice_extra))
+    writer = ChunkWriter(rid, req, SPEC.choice_extra)
+
+    async def frames() -> Any:
+        head = writer.role()
+        if head is not None:
+            yield head
+        yield writer.token(text, 1, True)
+        tail = writer.final_usage(1)
+        if tail is not None:
+            yield tail
+        yield DONE
+
+    return TokenStream(frames(), lambda: None)

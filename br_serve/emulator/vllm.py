@@ -1,0 +1,248 @@
+"""The vLLM / vllm-ascend protocol: an OpenAI server with a PD KV connector.
+
+Follows docs/engine-contracts.md ("vLLM"):
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions``; errors as
+  ``{"error": {"message", "type", "param", "code": <HTTP status>}}``; in a stream an
+  error is one ``data: {"error": ...}`` event followed by ``data: [DONE]``.
+- Prefill role (``kv_producer``): the request must carry ``kv_transfer_params`` with
+  ``do_remote_decode: true``, ``stream: false`` and ``max_tokens`` (or
+  ``max_completion_tokens``) 1. The response is a normal completion of one token plus
+  ``kv_transfer_params = {do_remote_prefill: true, do_remote_decode: false,
+  remote_engine_id, remote_request_id, remote_block_ids, remote_host, remote_port,
+  tp_size, last_token_id, num_prompt_blocks, remote_block_size}``. The prefill then
+  holds the KV until a decode pulls it, ``POST /v1/requests/{id}/cancel`` aborts it, or
+  ``kv_ttl_s`` passes.
+- Decode role (``kv_consumer``): the request must carry those parameters back; the
+  emulator pulls the KV from ``remote_host:remote_port`` (the prefill emulator's HTTP
+  port: the stand-in for the connector's side channel) and refuses (400) parameters
+  the prefill never issued. A decode refused for another reason still frees the
+  prefill's KV (vllm-ascend's connector sends its "done" signal on rejection too).
+  The stream carries all ``max_tokens`` tokens; token 0 equals the prefill's token.
+- Rank pinning: the ``X-data-parallel-rank`` header on a single server for all ranks
+  (no header: vLLM's DP balancer, least ``4 * waiting + running``), or one server per
+  rank (``port_per_rank``; a header naming another rank is refused).
+- ``GET /metrics``: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc`` (and the deprecated ``vllm:gpu_cache_usage_perc``),
+  ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, labelled
+  ``engine="<rank>"`` and ``model_name``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from br_serve.emulator.app import (
+    Emulator,
+    Spec,
+    build_base_app,
+    json_body,
+    unless_disconnected,
+)
+from br_serve.emulator.config import EmulatorConfig
+from br_serve.emulator.core import first_token
+from br_serve.emulator.openai import (
+    ApiError,
+    ParsedRequest,
+    completion_body,
+    parse_request,
+    sse_json,
+)
+
+RANK_HEADER = "X-data-parallel-rank"
+_REQUIRED = ("remote_engine_id", "remote_request_id", "remote_block_ids", "remote_host",
+             "remote_port")
+_EXTRA = frozenset({"kv_transfer_params"})
+
+
+def error_body(exc: ApiError) -> dict[str, Any]:
+    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param,
+                      "code": exc.status}}
+
+
+def stream_error(exc: ApiError) -> bytes:
+    return sse_json(error_body(exc)) + b"data: [DONE]\n\n"
+
+
+SPEC = Spec("vllm", error_body, stream_error, {"stop_reason": None})
+
+
+def make_emulator(config: EmulatorConfig) -> Emulator:
+    return Emulator(config, SPEC)
+
+
+def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
+    """One vLLM API server; ``rank`` fixed for external DP (``port_per_rank``)."""
+    app = build_base_app(emu, rank)
+    cfg = emu.config
+    blocks = itertools.count()
+
+    def pinned_rank(request: Request) -> int:
+        raw = request.headers.get(RANK_HEADER)
+        if raw is None:
+            return rank if rank is not None else emu.least_loaded_rank()
+        try:
+            g = int(raw)
+        except ValueError:
+            raise ApiError(400, f"{RANK_HEADER}: not an integer ({raw!r})",
+                           RANK_HEADER) from None
+        if rank is not None and g != rank:
+            raise ApiError(400, f"{RANK_HEADER}: this server is data parallel rank {rank} "
+                                f"(got {g})", RANK_HEADER)
+        if not 0 <= g < cfg.dp_size:
+            raise ApiError(400, f"data_parallel_rank {g} is out of range "
+                                f"[0, {cfg.dp_size})", RANK_HEADER)
+        return g
+
+    def external_id(request: Request, prefix: str) -> str:
+        return request.headers.get("x-request-id") or emu.new_id(prefix)
+
+    async def prefill(request: Request, body: dict[str, Any], chat: bool) -> Response:
+        ktp = body.get("kv_transfer_params")
+        if not isinstance(ktp, dict) or ktp.get("do_remote_decode") is not True:
+            raise ApiError(400, "kv_transfer_params: a prefill (kv_producer) request needs "
+                                "do_remote_decode: true", "kv_transfer_params")
+        req = parse_request(body, chat, _EXTRA, cfg.strict_fields, cfg.model, True)
+        if req.stream:
+            raise ApiError(400, "stream: a prefill request must not stream", "stream")
+        if req.max_tokens != 1:
+            raise ApiError(400, "max_tokens: a prefill request generates exactly 1 token "
+                                f"(got {req.max_tokens})", "max_tokens")
+        g = pinned_rank(request)
+        emu.check_rank_alive(g)
+        ext = external_id(request, "cmpl")
+        key = emu.new_id("prefill")
+        emu.counters.inflight_prefills[g] += 1
+        try:
+            delay = cfg.prefill_base_s + cfg.prefill_s_per_token * req.prompt_tokens
+            await unless_disconnected(request, asyncio.sleep(delay))
+        finally:
+            emu.counters.inflight_prefills[g] -= 1
+        n_blocks = math.ceil(req.prompt_tokens / cfg.block_size)
+        block_ids = [next(blocks) for _ in range(n_blocks)]
+        tid, text = first_token(req.seed, req.prompt_tokens, cfg.vocab_size)
+        params = {"do_remote_prefill": True, "do_remote_decode": False,
+                  "remote_engine_id": cfg.engine_id, "remote_request_id": key,
+                  "remote_block_ids": block_ids, "remote_host": cfg.public_host,
+                  "remote_port": cfg.port + (rank or 0), "tp_size": 1,
+                  "last_token_id": tid, "num_prompt_blocks": n_blocks,
+                  "remote_block_size": cfg.block_size}
+        emu.broker.issue(key, {"remote_engine_id": cfg.engine_id, "remote_request_id": key,
+                               "remote_block_ids": block_ids,
+                               "prompt_tokens": req.prompt_tokens},
+                         req.prompt_tokens, g)
+        emu.counters.internal_id[ext] = key
+        emu.counters.prefills[g] += 1
+        emu.counters.prefill_ids[g].append(ext)
+        emu.counters.prompt_tokens[g] += req.prompt_tokens
+        prefix = "chatcmpl" if chat else "cmpl"
+        return JSONResponse(completion_body(f"{prefix}-{ext}", req, text, 1, SPEC.choice_extra,
+                                            kv_transfer_params=params))
+
+    async def decode(request: Request, body: dict[str, Any], chat: bool) -> Response:
+        ktp = body.get("kv_transfer_params")
+        if not isinstance(ktp, dict) or ktp.get("do_remote_prefill") is not True:
+            raise ApiError(400, "kv_transfer_params: a decode (kv_consumer) request needs "
+                                "the prefill's parameters with do_remote_prefill: true",
+                           "kv_transfer_params")
+        for name in _REQUIRED:
+            if ktp.get(name) is None:
+                raise ApiError(400, f"kv_transfer_params.{name}: missing",
+                               f"kv_transfer_params.{name}")
+        host, port = str(ktp["remote_host"]), ktp["remote_port"]
+        if not isinstance(port, int):
+            raise ApiError(400, "kv_transfer_params.remote_port: must be an integer",
+                           "kv_transfer_params.remote_port")
+        key = str(ktp["remote_request_id"])
+        try:
+            req: ParsedRequest = parse_request(body, chat, _EXTRA, cfg.strict_fields,
+                                               cfg.model, True)
+            g = pinned_rank(request)
+            emu.check_rank_alive(g)
+        except ApiError:
+            await emu.release_at_twin(host, port, key)
+            raise
+        presented = {"remote_engine_id": ktp["remote_engine_id"], "remote_request_id": key,
+                     "remote_block_ids": ktp["remote_block_ids"],
+                     "prompt_tokens": req.prompt_tokens}
+        await emu.pull_from_twin(host, port, key, presented, cfg.wait_s)
+        emu.counters.kv_pulls[g] += 1
+        emu.counters.prompt_tokens[g] += req.prompt_tokens
+        ext = external_id(request, "cmpl")
+        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
+        emu.counters.internal_id[ext] = rid
+        prefix = "chatcmpl" if chat else "cmpl"
+        return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
+
+    async def serve(request: Request, chat: bool) -> Response:
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body: must be a JSON object")
+        if cfg.role == "prefill":
+            return await prefill(request, body, chat)
+        return await decode(request, body, chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, chat=True)
+
+    @app.post("/v1/requests/{request_id}/cancel")
+    async def cancel(request_id: str) -> dict[str, str]:
+        key = emu.counters.internal_id.get(request_id, request_id)
+        done = emu.broker.abort(key) if cfg.role == "prefill" else emu.driver.cancel(key)
+        if not done:
+            raise ApiError(404, f"Request {request_id} not found or already completed.")
+        return {"request_id": request_id}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(metrics_text(emu, rank),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+_GAUGES = (("vllm:num_requests_running", "Number of requests in model execution batches."),
+           ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+           ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+           ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage. "
+                                         "DEPRECATED: Use vllm:kv_cache_usage_perc instead."))
+_COUNTERS = (("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
+             ("vllm:generation_tokens_total", "Number of generation tokens processed."))
+
+
+def metrics_text(emu: Emulator, rank: int | None) -> str:
+    """The Prometheus exposition of the ranks this server owns (all, or ``rank``)."""
+    cfg, core, c = emu.config, emu.core, emu.counters
+    ranks = range(cfg.dp_size) if rank is None else [rank]
+    cap = cfg.kv_capacity_tokens
+    values: dict[str, list[float]] = {}
+    for g in ranks:
+        if cfg.role == "decode":
+            kv = core.load_tokens(g) / cap
+            row = [core.running_count(g), core.waiting_count(g), kv, kv, c.prompt_tokens[g],
+                   core.counters[g].tokens]
+        else:
+            held = emu.broker.ledger.held_tokens(g)
+            row = [c.inflight_prefills[g], 0, held / cap, held / cap, c.prompt_tokens[g],
+                   c.prefills[g]]
+        for (name, _), v in zip((*_GAUGES, *_COUNTERS), row, strict=True):
+            values.setdefault(name, []).append(float(v))
+    lines: list[str] = []
+    kinds = [("gauge", n, h) for n, h in _GAUGES] + [("counter", n, h) for n, h in _COUNTERS]
+    for kind, name, help_ in kinds:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+        for g, v in zip(ranks, values[name], strict=True):
+            lines.append(f'{name}{{engine="{g}",model_name="{cfg.model}"}} {v!r}')
+    return "\n".join(lines) + "\n"
