@@ -323,6 +323,12 @@ class Scheduler:
         self.stats_.reset()
 
     # -- internals --------------------------------------------------------------------
+    def _retick_at(self, at_s: float) -> None:
+        """Wake the tick loop at ``at_s`` (the policy's clock) even if no step reports."""
+        if self._wake is not None:
+            wake = self._wake
+            asyncio.get_running_loop().call_later(max(0.0, at_s - self._now()), wake.set)
+
     def _now(self) -> float:
         return time.perf_counter() - self._t0
 
@@ -376,6 +382,8 @@ class Scheduler:
         snap = self.mirror.snapshot(detail=self.detail)
         res = self.policy.schedule(snap, self.pool, self._now(), self.tick)
         self.tick += 1
+        if res.retick_s is not None:  # a held request: tick again when its hold ends
+            self._retick_at(res.retick_s)
         reqs = self.pool.remove_many(res.assignments)
         for a, req in zip(res.assignments, reqs, strict=True):
             entry, _ = self.entries.pop(a.request_id)

@@ -106,9 +106,11 @@ def test_refill_coverage_by_hand() -> None:
     pol = build_policy("brh", {"horizon": 10}, PolicyContext(predictor=OracleHook()))
     ends, p, ok = pol._predict(cluster)  # type: ignore[attr-defined]
     assert ok and ends is not None and ends.tolist() == [3, 11]
-    # one projected drop of 6,000 + 3 = 6,003 tokens; pool median 3,000 -> 0.4998
-    cov = pol.refill_coverage(cluster, _pool([10, 3000, 9000]), ends, p)  # type: ignore[attr-defined]
+    # one projected drop of 6,000 + 3 = 6,003 tokens; the pool's largest prompt covers
+    # 3,000 of it (0.4998), or all of it (9,000 > 6,003)
+    cov = pol.refill_coverage(cluster, _pool([10, 3000]), ends, p)  # type: ignore[attr-defined]
     assert abs(cov - 3000 / 6003) < 1e-12
+    assert pol.refill_coverage(cluster, _pool([10, 9000]), ends, p) == 1.0  # type: ignore[attr-defined]
     assert pol.refill_coverage(cluster, _pool([]), ends, p) == 0.0  # type: ignore[attr-defined]
 
 
@@ -116,10 +118,10 @@ def test_lookahead_is_used_only_where_the_pool_will_not_refill_the_drops() -> No
     cluster, _ = _deep_cluster()
     pol = build_policy("brh", {"horizon": 10, "shallow_pool": False},
                        PolicyContext(predictor=OracleHook()))
-    # Pool of small prompts (median 100): the drop is real, the look-ahead is used.
+    # Pool of small prompts: the drop is real, the look-ahead is used.
     small = pol.schedule(cluster, _pool([50, 100, 150, 200]), 0.0, 0)
     assert small.lookahead
-    # Pool of prompts as large as the drop (median 6,000): BR-0's decision.
+    # Pool with prompts as large as the drop: BR-0's decision.
     big = pol.schedule(cluster, _pool([5000, 6000, 7000, 8000]), 0.0, 0)
     assert not big.lookahead
     br0 = build_policy("br0", {"shallow_pool": False}).schedule(

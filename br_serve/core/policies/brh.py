@@ -39,9 +39,9 @@ class BRHOptions(BR0Options):
     absorb: bool = option(True, doc="with refill: an admission displaces the replica's "
                           "own projected refill")
     trust_refill_coverage: float | None = option(
-        0.5, ge=0, doc="per tick, use BR-0's decision when the pool can refill at least "
-        "this share of the load the window projects to drop (refill_coverage; None: "
-        "always look ahead)")
+        0.5, ge=0, doc="per tick in a pool deeper than the free slots, use BR-0's "
+        "decision unless the window projects drops of which the pool can refill less "
+        "than this share (refill_coverage; None: always look ahead)")
     max_refills: int | None = option(None, ge=0, doc="with refill: at most this many "
                                      "refills per tick (None: as many as the pool holds)")
 
@@ -252,11 +252,13 @@ class BRH(PolicyBase[BRHOptions]):
 
     def refill_coverage(self, cluster: ClusterSnapshot, pool: PromptPool,
                         ends: IntArray | None, p_fin: FloatArray | None) -> float:
-        """How much of the window's projected drops the pool can refill (docs/core.md).
+        """The share of the window's projected drops the pool can refill (docs/core.md).
 
-        ``(min(k, len(pool)) * median pool prompt) / (expected dropped load)`` over the
-        ``k`` requests projected to end in the window (their load at the end, weighted
-        by ``p_fin``); 0 when none is.
+        The ``k`` requests projected to end in the window drop their load at the end
+        (``prompt + decoded + end``, weighted by ``p_fin``); the largest drop is matched
+        with the pool's largest prompt, the next with the next, and each refill covers
+        at most its drop: ``sum_i min(drop_i, prompt_i) / sum_i drop_i``. 0 when nothing
+        ends in the window or the pool is empty (a refill needs a waiting request).
         """
         if ends is None or p_fin is None or not len(pool):
             return 0.0
@@ -264,12 +266,33 @@ class BRH(PolicyBase[BRHOptions]):
         if fin.size == 0:
             return 0.0
         run = cluster.running
-        dropped = float(p_fin[fin] @ (run.prompt_tokens[fin] + run.decoded_tokens[fin]
-                                      + ends[fin]))
-        if dropped <= 0:
-            return float("inf")
+        drops = p_fin[fin] * (run.prompt_tokens[fin] + run.decoded_tokens[fin] + ends[fin])
+        total = float(drops.sum())
+        if total <= 0:
+            return 1.0
         sizes = pool.sorted_sizes
-        return min(int(fin.size), len(sizes)) * float(sizes[len(sizes) // 2]) / dropped
+        k = min(int(fin.size), len(sizes))
+        top = np.asarray(sizes[len(sizes) - k:][::-1], dtype=np.float64)
+        return float(np.minimum(np.sort(drops)[::-1][:k], top).sum()) / total
+
+    def trusted(self, cluster: ClusterSnapshot, pool: PromptPool, ends: IntArray | None,
+                p_fin: FloatArray | None) -> bool:
+        """Whether this tick looks ahead (else it makes BR-0's decision; docs/core.md).
+
+        A shallow pool (it fits the free slots) cannot refill what the window frees, so
+        the projection (drops and growth) is right there: always. In a deeper pool the
+        look-ahead is used when it projects drops the pool cannot refill
+        (:meth:`refill_coverage` below ``trust_refill_coverage``); with no projected drop
+        every replica just grows, which BR-0 sees as well.
+        """
+        threshold = self.options.trust_refill_coverage
+        if threshold is None:
+            return True
+        if self.options.shallow_pool and len(pool) <= int(cluster.free_slots.sum()):
+            return True
+        if ends is None:
+            return False
+        return self.refill_coverage(cluster, pool, ends, p_fin) < threshold
 
     def projected(self, cluster: ClusterSnapshot, pool: PromptPool | None = None
                   ) -> Projection:
@@ -306,9 +329,7 @@ class BRH(PolicyBase[BRHOptions]):
                  tick: int) -> TickResult:
         c = self.options
         ends, p_fin, ok = self._predict(cluster)
-        trusted = (c.trust_refill_coverage is None
-                   or self.refill_coverage(cluster, pool, ends, p_fin)
-                   < c.trust_refill_coverage)
+        trusted = self.trusted(cluster, pool, ends, p_fin)
         model: MarginModel
         if not trusted:  # the pool refills what the window drops: BR-0's decision
             model = ScalarMargins(cluster)
