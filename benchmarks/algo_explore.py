@@ -171,6 +171,66 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def capacity(a: argparse.Namespace, wins: list[Trace], specs: list[dict[str, Any]],
+             full: Trace) -> int:
+    """Highest load (share of JSQ's saturated throughput, per window) at which the
+    window-mean TTFT P95 and TPOT P95 both meet the SLO: geometric bisection to 2%."""
+    step_a, step_b = 5e-7, 0.03
+    tpot_slo = a.slo_tpot_factor * 1e3 * (step_b + step_a * a.slots * (
+        float(full.input_tokens.mean()) + float(full.output_tokens.mean()) / 2))
+    caps = []
+    for w in wins:
+        jsq = simulate(w, SimConfig(policy="jsq", replicas=a.replicas, slots=a.slots,
+                                    saturated=True))
+        caps.append(float(w.output_tokens.sum() / max(w.duration_s, 1e-9))
+                    / jsq.summary()["throughput_tok_s"])
+
+    def meets(sp: dict[str, Any], load: float) -> tuple[bool, float, float]:
+        tasks = [dict(trace=w, spec=sp, replicas=a.replicas, slots=a.slots, mode="trace",
+                      seed=a.seed + i, window=i, depth=0, scale=caps[i] / load, warm=None)
+                 for i, w in enumerate(wins)]
+        if a.jobs > 1:
+            with ProcessPoolExecutor(a.jobs) as ex:
+                rows = list(ex.map(run_one, tasks))
+        else:
+            rows = [run_one(t) for t in tasks]
+        ttft = float(np.mean([r["ttft_p95_ms"] or 0.0 for r in rows])) / 1e3
+        tpot = float(np.mean([r["tpot_p95_ms"] or 0.0 for r in rows]))
+        return ttft <= a.slo_ttft_s and tpot <= tpot_slo, ttft, tpot
+
+    print(f"# capacity {a.workload} G={a.replicas} B={a.slots} K={len(wins)} N={a.requests} "
+          f"seed={a.seed}: SLO TTFT P95 <= {a.slo_ttft_s} s, TPOT P95 <= {tpot_slo:.1f} ms; "
+          "load = offered / JSQ's saturated throughput")
+    out = {}
+    for sp in specs:
+        lo, hi = 0.5, 1.4
+        ok_lo = meets(sp, lo)
+        if not ok_lo[0]:
+            print(f"{sp['label']:<28} capacity < {lo} (ttft {ok_lo[1]:.2f} s, tpot "
+                  f"{ok_lo[2]:.1f} ms at {lo})")
+            out[sp["label"]] = 0.0
+            continue
+        at = ok_lo
+        while hi / lo - 1 > 0.02:
+            mid = math.sqrt(lo * hi)
+            got = meets(sp, mid)
+            if got[0]:
+                lo, at = mid, got
+            else:
+                hi = mid
+        out[sp["label"]] = lo
+        print(f"{sp['label']:<28} capacity {lo:.3f} x JSQ sat. (ttft {at[1]:.2f} s, tpot "
+              f"{at[2]:.1f} ms there)")
+    best = max((v for k, v in out.items() if not k.startswith(("br0", "brh"))), default=0)
+    for k, v in out.items():
+        if best:
+            print(f"  {k:<26} vs best baseline: {100 * (v / best - 1):+.1f}%")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "capacity": out,
+                                            "tpot_slo_ms": tpot_slo}, indent=1))
+    return 0
+
+
 def mean_se(xs: list[float]) -> tuple[float, float]:
     a = np.asarray(xs, dtype=np.float64)
     m = float(a.mean())
@@ -183,7 +243,11 @@ def main() -> int:
     p.add_argument("--workload", default="servegen-r1", choices=sorted(WORKLOADS))
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--mode", default="saturated", choices=["saturated", "stationary", "trace"])
+    p.add_argument("--mode", default="saturated",
+                   choices=["saturated", "stationary", "trace", "capacity"])
+    p.add_argument("--slo-ttft-s", type=float, default=10.0)
+    p.add_argument("--slo-tpot-factor", type=float, default=1.25,
+                   help="TPOT P95 SLO = this x the unloaded full-batch step time")
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--requests", type=int, default=1500)
     p.add_argument("--seed", type=int, default=100)
@@ -205,13 +269,15 @@ def main() -> int:
     depth = a.pool_depth or 4 * a.replicas * a.slots
     scales: list[float] = [1.0] * len(starts)
     wins = [rest.take(np.arange(s0, s0 + a.requests)) for s0 in starts]
-    if a.mode == "trace":
+    if a.mode in ("trace", "capacity"):
         for i, w in enumerate(wins):  # JSQ saturated capacity of this window
             jsq = simulate(w, SimConfig(policy="jsq", replicas=a.replicas, slots=a.slots,
                                         saturated=True))
             cap = jsq.summary()["throughput_tok_s"]
             offered = w.output_tokens.sum() / max(w.duration_s, 1e-9)
             scales[i] = float(offered / (a.load * cap))
+    if a.mode == "capacity":
+        return capacity(a, wins, specs, full)
     tasks = [dict(trace=w, spec=sp, replicas=a.replicas, slots=a.slots, mode=a.mode,
                   seed=a.seed + i, window=i, depth=depth, scale=scales[i], warm=warm)
              for i, w in enumerate(wins) for sp in specs]
