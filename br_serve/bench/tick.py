@@ -126,9 +126,15 @@ def _cmd(args: argparse.Namespace) -> int:
     horizon = predictor_horizon(args.policy, opts)
     pred = None
     if horizon is not None and args.predictor != "survives":
-        from predictors import make_predictor
+        from predictors import make_predictor, warm_start
 
         pred = make_predictor(args.predictor, horizon=horizon)
+        if args.warm_start:
+            # finished history like the states' requests (outputs past their decoded
+            # counts), so the predictor projects in-window finishes as in a warm cluster
+            rng = np.random.default_rng(args.seed + 1)
+            warm_start(pred, rng.lognormal(7.5, 1.2, args.warm_start).astype(np.int64),
+                       rng.integers(1, 2500, args.warm_start))
     res = run_bench(args.policy, args.replicas, args.pool, options=opts,
                     slots=args.slots, ticks=args.ticks, seed=args.seed, predictor=pred,
                     predictor_name=args.predictor, free_slots=args.free_slots)
@@ -152,6 +158,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--predictor", default="survives",
                    help="for a policy that uses one: survives (closed gate) or a "
                    "predictor name")
+    p.add_argument("--warm-start", type=int, default=0, metavar="N",
+                   help="feed the predictor N finished requests first (outputs 1-2,500 "
+                   "tokens), so it projects finishes as in a warm cluster")
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--free-slots", type=float, default=None,
                    help="mean free slots per tick (default G/4; >= G for a burst)")

@@ -43,7 +43,8 @@ def _count_prefix(n: int) -> list[float]:
 
 
 class HorizonScore:
-    """``F(D) = alpha*(1'd)*D - beta*(D*1 - m)_+'d`` for one margin vector ``m``.
+    """``F(D) = alpha*(1'd)*D - beta*(D*1 - m)_+'d`` for one margin vector ``m``
+    (``fill`` given: ``fill*D - beta*(D*1 - m)_+'d``).
 
     Built once per replica and decision (O(H log H)); each evaluation is then
     O(log H) by bisection over the sorted margins with prefix sums of the weights.
@@ -52,7 +53,7 @@ class HorizonScore:
     __slots__ = ("_a", "_beta", "_cw", "_cwm", "_m", "peak")
 
     def __init__(self, margins: FloatArray, d: FloatArray, alpha: float, beta: float,
-                 uniform: bool = False) -> None:
+                 uniform: bool = False, fill: float | None = None) -> None:
         # ``uniform`` (gamma == 1, every d_h == 1): np.sort instead of argsort and the
         # weight prefix sums are just 0, 1, 2, ...; the tick builds one of these per
         # decision, so the constant factor matters.
@@ -68,7 +69,10 @@ class HorizonScore:
             self._cw = [0.0, *np.cumsum(w).tolist()]
             self._cwm = [0.0, *np.cumsum(w * m).tolist()]
         self._m: list[float] = m.tolist()
-        self._a = alpha * (float(m.shape[0]) if uniform else float(d.sum()))
+        # ``fill`` overrides the fill weight ``alpha * (1'd)`` (BR-H with refills weighs
+        # fill and overflow per step differently: ``d`` then carries the overflow weights)
+        self._a = (fill if fill is not None
+                   else alpha * (float(m.shape[0]) if uniform else float(d.sum())))
         self._beta = beta
         # Concave, piecewise linear: slope just past the j-th smallest margin is
         # a - beta*cw[j+1]; the maximiser is the first breakpoint where it turns <= 0.

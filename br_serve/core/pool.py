@@ -100,6 +100,30 @@ class PromptPool:
             at_removed, at_size = self._entry[rid]
             yield req, (removed - at_removed) - (at_size - rank)
 
+    def fcfs_ranks(self) -> Iterator[tuple[PoolRequest, int, int]]:
+        """Requests in arrival order with their entry rank and overtake count.
+
+        The entry rank is how many requests entered the pool before this one (FCFS
+        would release it as release number ``rank + 1``); the overtake count is as in
+        :meth:`fcfs_overtaken`. Ranks increase along the order.
+        """
+        removed = self._removed
+        for rank, (rid, req) in enumerate(self._by_id.items()):
+            at_removed, at_size = self._entry[rid]
+            yield req, at_removed + at_size, (removed - at_removed) - (at_size - rank)
+
+    def head_rank(self) -> int | None:
+        """Entry rank of the oldest request (None: empty pool)."""
+        for rid in self._by_id:
+            at_removed, at_size = self._entry[rid]
+            return at_removed + at_size
+        return None
+
+    @property
+    def released(self) -> int:
+        """Requests that have left the pool so far (assigned or cancelled)."""
+        return self._removed
+
     def is_full(self) -> bool:
         return len(self._by_id) >= self._capacity
 

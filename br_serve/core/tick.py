@@ -7,8 +7,8 @@ prompt ``D`` is computed and how an admission updates loads. Both models impleme
 :class:`MarginModel`.
 
 Order of a tick:
-1. ``max_wait`` ageing: requests older than ``max_wait_s`` or ``max_wait_ticks`` are
-   assigned first (oldest first), each to the feasible replica with the highest F.
+1. Ageing: the *starving* requests the policy passes in (:mod:`br_serve.core.ageing`)
+   are assigned first (oldest first), each to the feasible replica with the highest F.
 2. While free slots remain and the pool has requests: Stage 1 (``S_tot > S_greedy``,
    one best single request to the replica with most free slots) or Stage 2 (best
    subset of ``R_max`` candidates around the replica's peak; starvation guard).
@@ -17,11 +17,12 @@ Order of a tick:
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable, Iterable
 from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 from br_serve.core.pool import PromptPool
-from br_serve.core.types import Assignment, ClusterSnapshot, TickResult
+from br_serve.core.types import Assignment, ClusterSnapshot, PoolRequest, TickResult
 
 
 class Scorer(Protocol):
@@ -117,17 +118,23 @@ def run_two_stage(
     *,
     s_greedy: int,
     r_max: int,
-    max_wait_s: float,
-    max_wait_ticks: int,
-    max_overtakes: int,
-    now_s: float,
-    tick: int,
+    starving: Iterable[tuple[PoolRequest, bool]] = (),
+    soft_fill: float = 0.0,
+    shallow: bool = False,
+    hold_budget_s: float = 0.0,
+    now_s: float = 0.0,
 ) -> TickResult:
-    """One tick of BR-0 / BR-H over ``model``; see the module docstring for the order."""
+    """One tick of BR-0 / BR-H over ``model``; see the module docstring for the order.
+
+    ``starving``: ``(request, hard)`` to place first, oldest first (read lazily, only
+    while slots are free); a hard one goes to its best-F replica, a soft one only to a
+    replica where it fills well (its prompt between ``soft_fill`` times the replica's
+    peak and the peak; the tightest such replica), else it waits.
+    """
     work = _Work(cluster)
     cur = PoolCursor(pool)
     out: list[Assignment] = []
-    counts = dict.fromkeys(("stage1", "stage2", "guard", "aged"), 0)
+    counts = dict.fromkeys(("stage1", "stage2", "guard", "aged", "shallow"), 0)
 
     def assign(g: int, idxs: list[int], stage: str) -> None:
         d = 0
@@ -140,23 +147,30 @@ def run_two_stage(
         model.admit(g, float(d), len(idxs))
         counts[stage] += len(idxs)
 
-    # 1. ageing: starving requests first, oldest first, each to the best-F replica.
-    # Starving = waited past max_wait *and* overtaken by max_overtakes newer requests;
-    # both only shrink along the FCFS order, so the scan stops at the first that isn't.
-    for req, overtaken in pool.fcfs_overtaken():
+    # 1. ageing: starving requests first, oldest first, each to the best-F replica
+    # (a request only soft-starving goes only where it fits: s at or below the peak).
+    for req, hard in starving:
         if work.s_tot <= 0:
-            break
-        waited = now_s - req.enqueued_s >= max_wait_s or tick - req.enqueued_tick >= max_wait_ticks
-        if not waited or overtaken < max_overtakes:
             break
         s = req.prompt_tokens
         cands = [g for g in work.open_replicas() if work.kv_room[g] >= s]
+        if not hard:
+            cands = [g for g in cands if soft_fill * model.scorer(g).peak <= s
+                     <= model.scorer(g).peak]
         if not cands:
             continue
-        best_g = max(cands, key=lambda r: model.scorer(r)(float(s)))
+        best_g = max(cands, key=lambda r: (model.scorer(r)(float(s)), -model.scorer(r).peak))
         assign(best_g, [cur.index_of(req.request_id, s)], "aged")
 
-    # 2. the two stages. Replicas in a heap keyed by (free slots, rank), largest first.
+    # 2. a shallow pool (every request left fits the free slots): the question is only
+    # where each goes, so place each (largest first) on its best replica.
+    if shallow and 0 < cur.remaining <= work.s_tot:
+        held, retick = _place_each(pool, cur, work, model, assign, now_s, hold_budget_s)
+        return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
+                          counts["aged"], shallow=counts["shallow"], held=held,
+                          retick_s=retick)
+
+    # 3. the two stages. Replicas in a heap keyed by (free slots, rank), largest first.
     heap = [(-c, -model.rank(g), g) for g, c in enumerate(work.cap) if c > 0]
     heapify(heap)
     while heap and cur.remaining > 0:
@@ -183,6 +197,39 @@ def run_two_stage(
 
     return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
                       counts["aged"])
+
+
+def _place_each(pool: PromptPool, cur: PoolCursor, work: _Work, model: MarginModel,
+                assign: Callable[[int, list[int], str], None], now_s: float,
+                hold_budget_s: float) -> tuple[int, float | None]:
+    """Shallow pool: each untaken request, largest first, to the open replica with the
+    highest F (ties: the larger rank, i.e. the least projected load).
+
+    A request that would overflow every open replica (its prompt above each one's peak)
+    is held while it has been in the pool less than ``hold_budget_s``. Returns how many
+    were held and when the earliest hold expires (None: none held).
+    """
+    held, retick = 0, None
+    for i in range(len(cur.sizes) - 1, -1, -1):
+        if i in cur.taken:
+            continue
+        if work.s_tot <= 0:
+            break
+        s = cur.sizes[i]
+        cands = [g for g in work.open_replicas() if work.kv_room[g] >= s]
+        if not cands:
+            continue
+        scores = [(model.scorer(g)(float(s)), model.rank(g), -g) for g in cands]
+        if hold_budget_s > 0:
+            req = pool.get(cur.ids[i])
+            until = req.enqueued_s + hold_budget_s
+            if now_s < until and all(s > model.scorer(g).peak for g in cands):
+                held += 1
+                retick = until if retick is None else min(retick, until)
+                continue
+        best = max(range(len(cands)), key=scores.__getitem__)
+        assign(cands[best], [i], "shallow")
+    return held, retick
 
 
 def _best_subset(cands: list[int], sizes: list[int], sc: Scorer, max_n: int,

@@ -225,8 +225,15 @@ class TickResult:
     """The outcome of one scheduling tick: assignments in decision order, plus counters.
 
     ``stage1`` / ``stage2`` count assignments made by each stage, ``guard`` those forced
-    by the starvation guard, ``aged`` those forced by ``max_wait``. ``predictor_ok`` is
-    False when a look-ahead policy fell back to the closed gate this tick.
+    by the starvation guard, ``aged`` those placed first by ageing, ``shallow`` those
+    placed one by one in a shallow pool. ``predictor_ok`` is False when a look-ahead
+    policy fell back to the closed gate this tick; ``lookahead`` is False when it used
+    BR-0's decision because the look-ahead was not trusted.
+
+    ``held`` counts pool requests the policy chose not to place although a slot was
+    free (a bounded hold); ``retick_s`` asks the driver to tick again at that time (its
+    clock, as ``now_s``) even if nothing else changes, so a hold ends on time. A driver
+    that ticks on events only must honour it; ``None``: no request.
     """
 
     assignments: tuple[Assignment, ...]
@@ -235,3 +242,7 @@ class TickResult:
     guard: int = 0
     aged: int = 0
     predictor_ok: bool = True
+    shallow: int = 0
+    held: int = 0
+    retick_s: float | None = None
+    lookahead: bool = True

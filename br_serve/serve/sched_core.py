@@ -80,6 +80,9 @@ class SchedulerCore:
         self.predictor = predictor
         self.stats = StepStats()
         self.ticks = 0
+        #: when the last tick asked to be run again (``TickResult.retick_s``, the
+        #: policy's clock: :meth:`now_s`), even if nothing else changes; None: no ask
+        self.retick_s: float | None = None
         self._clock = clock
         self._t0 = clock()
 
@@ -120,12 +123,14 @@ class SchedulerCore:
     def tick(self) -> list[Dispatch]:
         """Run the policy once on the pool; the assignments leave the pool for the
         mirror (in flight) and come back as the admissions to send."""
+        self.retick_s = None
         if not len(self.pool) or not self.mirror.state.free_slots().any():
             return []
         t0 = time.perf_counter()
         snap = self.mirror.snapshot(self.detail)
         res = self.policy.schedule(snap, self.pool, self.now_s(), self.ticks)
         self.ticks += 1
+        self.retick_s = res.retick_s  # a held request: the driver ticks again by then
         tickets = [self.pool.ticket(a.request_id) for a in res.assignments]
         reqs = self.pool.remove_many(res.assignments)
         out: list[Dispatch] = []

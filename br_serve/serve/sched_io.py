@@ -96,6 +96,13 @@ class SchedulerIO:
         if self._wake is not None:
             self._wake.set()
 
+    def _arm_retick(self) -> None:
+        """Tick again when the last tick asked (a bounded hold ends), even if no report
+        or submission wakes the loop before."""
+        if self.core.retick_s is not None:
+            asyncio.get_running_loop().call_later(
+                max(0.0, self.core.retick_s - self.core.now_s()), self._wake_tick)
+
     async def _main_loop(self) -> None:
         assert self._ready is not None and self._wake is not None
         try:
@@ -111,6 +118,7 @@ class SchedulerIO:
             try:
                 dispatches = self.core.tick()
                 self._send(dispatches)
+                self._arm_retick()
             except Exception:  # a policy bug must not stop every later tick
                 log.exception("scheduler: tick failed")
                 dispatches = []

@@ -10,8 +10,10 @@ Conventions (see docs/simulator.md):
 - A request with output ``o`` runs ``o`` decode steps after admission and produces one
   token at the end of each; its load during its ``j``-th step is ``s + j`` (j from 0).
 - The policy ticks at a step boundary when the pool is non-empty, a slot is free and
-  something changed since its last tick (a finish, a delivery into the pool). A tick
-  that assigns nothing waits for the next change.
+  something changed since its last tick (a finish, a delivery into the pool), or the
+  time its last tick asked to be ticked again (``TickResult.retick_s``: a policy that
+  holds a request for a bounded time) has come; a stretch of steps stops at that time
+  as at a delivery. A tick that assigns nothing waits for the next of these.
 - The policy context gets a frozen clock, so BR-H's predictor timeout never fires and
   results do not depend on machine load; the tick's wall time is measured separately.
 """
@@ -232,6 +234,12 @@ class _Lag:
                 self.pending[rid] = (g, p, left - 1)
 
 
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
 def simulate(trace: Trace, config: SimConfig, *,
              predictor: TerminationPredictor | None = None,
              progress: bool = False) -> SimResult:
@@ -315,9 +323,12 @@ def simulate(trace: Trace, config: SimConfig, *,
 
     fast = _SnapshotMaker(st)
     lag = _Lag(g, config.admit_delay_steps)
+    retick: float | None = None  # the policy's latest "tick me again at" hint
     while True:
         if feeder.deliver(t, k, pool):
             changed = True
+        if retick is not None and t >= retick:
+            changed, retick = True, None
         cnt = st.running_requests()
         while changed and len(pool) and fast.free(cnt) > 0:
             changed = False
@@ -329,6 +340,7 @@ def simulate(trace: Trace, config: SimConfig, *,
             res = policy.schedule(snap, pool, t, k)
             tick_ns.append(time.perf_counter_ns() - t0)
             pred_failed += not res.predictor_ok
+            retick = res.retick_s if res.retick_s is not None and res.retick_s > t else None
             if not res.assignments:
                 break
             for a, req in zip(res.assignments, pool.remove_many(res.assignments),
@@ -348,7 +360,7 @@ def simulate(trace: Trace, config: SimConfig, *,
         if not cnt.any():
             if feeder.exhausted and not len(pool):
                 break
-            nxt = feeder.next_event_s()
+            nxt = _earliest(feeder.next_event_s(), retick)
             if nxt is None:
                 raise ValueError("simulation stalled: the pool holds requests that no "
                                  "replica can take (check kv_limit_tokens and slots)")
@@ -369,7 +381,7 @@ def simulate(trace: Trace, config: SimConfig, *,
         rem = int(np.where(occ, st.target - st.decoded, _NEVER).min())
         # one step at a time while any request waits: its delay ends at the next one
         todo = 1 if lag.pending else min(rem, config.max_stretch_steps)
-        deadline = feeder.next_event_s() if fast.free(cnt) > 0 else None
+        deadline = _earliest(feeder.next_event_s(), retick) if fast.free(cnt) > 0 else None
         took, t = steps.stretch(st, step_load, step_cnt, todo, t, k, len(pool),
                                 deadline)
         st.advance(took)

@@ -61,13 +61,14 @@ def test_aged_request_goes_first_to_best_replica() -> None:
         pool.remove(f"n{i}")
     pool.add(PoolRequest("new", 800, enqueued_tick=40))
     assert [o for _, o in pool.fcfs_overtaken()] == [3, 0]
-    starving = build_policy("br0", {"max_wait_ticks": 32, "max_overtakes": 3})
+    legacy = {"max_wait_ticks": 32, "max_wait_beyond_fcfs_s": None, "shallow_pool": False}
+    starving = build_policy("br0", {**legacy, "max_overtakes": 3})
     res = starving.schedule(cluster, pool, 0.0, 40)
     assert res.assignments[0].request_id == "old"
     assert res.assignments[0].replica == 1  # F higher where the margin is
     assert res.aged == 1
     # Waited long but not overtaken enough: not starving, F decides (old overflows).
-    patient = build_policy("br0", {"max_wait_ticks": 32, "max_overtakes": 4})
+    patient = build_policy("br0", {**legacy, "max_overtakes": 4})
     res = patient.schedule(cluster, pool, 0.0, 40)
     assert res.aged == 0 and res.assignments[0].request_id == "new"
     # Overtaken enough but not waited long: not starving either.

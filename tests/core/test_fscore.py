@@ -41,7 +41,7 @@ def test_br0_score_hand_values() -> None:
     assert f_score(200, 0, 4) == -600
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(proj=_PROJECTED_LOADS, gamma=st.floats(0.5, 1.0), data=st.data())
 def test_horizon_score_is_minus_discounted_delta_imbalance(proj: list[list[int]], gamma: float,
                                                            data: st.DataObject) -> None:
@@ -103,7 +103,7 @@ def test_projected_loads_match_brute_force(data: st.DataObject) -> None:
     assert np.array_equal(got, want)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(proj=_PROJECTED_LOADS, gamma=st.floats(0.5, 1.0), data=st.data())
 def test_growing_score_is_minus_discounted_delta_imbalance(proj: list[list[int]],
                                                            gamma: float,

@@ -135,7 +135,8 @@ def test_every_request_assigned_within_bounded_ticks(name: str) -> None:
     fill) ticks: the ageing rule bounds how far BR may reorder the pool."""
     rng = np.random.default_rng(5)
     g, slots, cap, max_wait, max_over = 4, 4, 24, 8, 16
-    ageing = {"max_wait_ticks": max_wait, "max_wait_s": 1e9, "max_overtakes": max_over}
+    ageing = {"max_wait_ticks": max_wait, "max_wait_s": 1e9, "max_overtakes": max_over,
+              "max_wait_beyond_fcfs_s": None}
     pol = build_policy(name, {**_horizon(name, 4), **(ageing if name in ("br0", "brh") else {})},
                        PolicyContext(rng=np.random.default_rng(1)))
     pool = PromptPool(capacity=cap)

@@ -21,7 +21,7 @@ def _time_imbalance(t: np.ndarray) -> float:
     return float(t.shape[0] * t.max() - t.sum())
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(loads=st.lists(st.integers(0, 2 * 10**5), min_size=1, max_size=12),
        data=st.data())
 def test_time_score_is_minus_delta_time_imbalance(loads: list[int],
@@ -56,8 +56,7 @@ def test_time_model_makes_token_decisions_when_replicas_are_equal(
     snap = dataclasses.replace(cluster, step_a_s_per_token=np.full(cluster.num_replicas,
                                                                    scale),
                                step_b_s=np.zeros(cluster.num_replicas))
-    args = dict(s_greedy=s_greedy, r_max=r_max, max_wait_s=1e9, max_wait_ticks=10**9,
-                max_overtakes=0, now_s=0.0, tick=0)
+    args = dict(s_greedy=s_greedy, r_max=r_max)
     tok = run_two_stage(snap, pool, ScalarMargins(snap), **args)  # type: ignore[arg-type]
     tim = run_two_stage(snap, pool, TimeMargins(snap), **args)  # type: ignore[arg-type]
     assert tok.assignments == tim.assignments

@@ -74,13 +74,15 @@ def _closed_loads() -> np.ndarray:
 
 
 def test_p_below_half_means_survives_the_window() -> None:
-    loads, ok = _brh(Fixed(0.49, 2.0)).projected(_cluster())
+    proj = _brh(Fixed(0.49, 2.0)).projected(_cluster())
+    loads, ok = proj.loads, proj.ok
     assert ok
     np.testing.assert_array_equal(loads, _closed_loads())
 
 
 def test_p_at_or_above_half_ends_the_request_after_mu_steps() -> None:
-    loads, ok = _brh(Fixed(0.5, 3.0)).projected(_cluster())
+    proj = _brh(Fixed(0.5, 3.0)).projected(_cluster())
+    loads, ok = proj.loads, proj.ok
     assert ok
     expect = _closed_loads()
     expect[:, 3:] = 0.0  # both requests projected to end after 3 steps
@@ -91,12 +93,14 @@ def test_survival_predictor_drives_the_gate() -> None:
     # History where 40% end within H of a=0: the gate stays closed.
     surv = make_predictor("survival", min_samples=1)
     warm_start(surv, [1] * 5, [5, 5, 500, 500, 500])
-    loads, _ = _brh(surv).projected(_cluster())
+    proj = _brh(surv).projected(_cluster())
+    loads, _ = proj.loads, proj.ok
     np.testing.assert_array_equal(loads, _closed_loads())
     # One more short request: 3/6 = 0.5 for the fresh request on replica 1 (a=0);
     # the request on replica 0 (a=10) outlived the 5s: p = 0 for it.
     warm_start(surv, [1], [5])
-    loads, _ = _brh(surv).projected(_cluster())
+    proj = _brh(surv).projected(_cluster())
+    loads, _ = proj.loads, proj.ok
     expect = _closed_loads()
     expect[1, 5:] = 0.0
     np.testing.assert_array_equal(loads, expect)
@@ -125,7 +129,8 @@ def test_timed_out_predictor_degrades_to_closed_gate() -> None:
     ref = _brh(Fixed(0.0, 0.0)).schedule(_cluster(), _pool(), 0.0, 0)
     assert not res.predictor_ok
     assert res.assignments == ref.assignments
-    loads, ok = _brh(slow, clock=lambda: now[0]).projected(_cluster())
+    proj = _brh(slow, clock=lambda: now[0]).projected(_cluster())
+    loads, ok = proj.loads, proj.ok
     assert not ok
     np.testing.assert_array_equal(loads, _closed_loads())
 

@@ -7,9 +7,10 @@ from typing import Literal
 
 import numpy as np
 
+from br_serve.core.ageing import Ageing, AgeingRule
 from br_serve.core.fscore import f_score
 from br_serve.core.options import Options, option
-from br_serve.core.policy import PolicyBase, PolicyNeeds, register_policy
+from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, register_policy
 from br_serve.core.pool import PromptPool
 from br_serve.core.tick import MarginModel, run_two_stage
 from br_serve.core.timecost import TimeMargins, homogeneous_tokens
@@ -20,9 +21,10 @@ from br_serve.core.types import ClusterSnapshot, TickResult
 class BR0Options(Options):
     """Options of the two-stage tick (shared by BR-H, which extends them).
 
-    Ageing: a pool request is assigned first when it has waited longer than
-    ``max_wait_s`` or ``max_wait_ticks`` *and* at least ``max_overtakes`` newer
-    requests have left the pool before it (docs/core.md explains why both).
+    Ageing (:mod:`br_serve.core.ageing`): a pool request is placed first once its
+    FCFS turn passed ``max_wait_beyond_fcfs_s`` ago, or it arrived ``ttft_budget_s``
+    ago, or (the earlier rule) it waited ``max_wait_s`` / ``max_wait_ticks`` *and*
+    ``max_overtakes`` newer requests left before it. ``None`` turns a rule off.
     """
 
     s_greedy: int | None = option(
@@ -30,12 +32,25 @@ class BR0Options(Options):
         "(None: the number of alive replicas G)")
     r_max: int = option(4, ge=1, le=10, doc="Stage 2 candidates per replica (2^r_max - 1 "
                         "subsets are enumerated)")
-    max_wait_s: float = option(2.0, gt=0, doc="ageing: seconds in the pool before a "
-                               "request may be forced")
-    max_wait_ticks: int = option(32, ge=1, doc="ageing: ticks in the pool before a request "
-                                 "may be forced")
-    max_overtakes: int = option(1024, ge=0, doc="ageing: newer requests that must have "
-                                "left the pool before it")
+    max_wait_beyond_fcfs_s: float | None = option(
+        30.0, ge=0, doc="ageing: place a request first once its FCFS turn passed this "
+        "many seconds ago (None: off)")
+    ttft_budget_s: float | None = option(
+        None, ge=0, doc="ageing: place a request first once it arrived this many seconds "
+        "ago (None: off; every request of a deep pool exceeds a small budget)")
+    ageing_soft_share: float = option(
+        0.25, ge=0, le=1, doc="ageing: a request past this share of a budget is placed "
+        "first where it fits without overflow (1: off)")
+    ageing_soft_fill: float = option(
+        0.5, ge=0, le=1, doc="ageing: such a request is placed first only where it fills "
+        "at least this share of the replica's margin (its peak)")
+    max_overtakes: int | None = option(
+        None, ge=0, doc="ageing, earlier rule: newer requests that must have left the pool "
+        "before a request that waited max_wait_s or max_wait_ticks is forced (None: off)")
+    max_wait_s: float = option(2.0, gt=0, doc="ageing, earlier rule (with max_overtakes): "
+                               "seconds in the pool")
+    max_wait_ticks: int = option(32, ge=1, doc="ageing, earlier rule (with max_overtakes): "
+                                 "ticks in the pool")
     cost: Literal["tokens", "time"] = option(
         "tokens", doc="what the barrier balances: KV tokens (the paper), or each "
         "replica's modelled step time a_g L_g + c_g N_g + b_g in seconds")
@@ -43,8 +58,20 @@ class BR0Options(Options):
         "calibrated", doc="with cost=time: the coefficients the driver fits online from "
         "measured steps, or the configured ones, fixed")
 
+    shallow_pool: bool = option(
+        True, doc="when every pool request fits the free slots, place each (largest "
+        "first) on its best-F replica, ties to the least (projected) load")
+    hold_budget_ms: float = option(
+        0.0, ge=0, doc="shallow pool: hold a request that would overflow every open "
+        "replica for up to this long since it entered the pool (0: never hold)")
+
     def resolved_s_greedy(self, replicas: int) -> int:
         return replicas if self.s_greedy is None else self.s_greedy
+
+    def ageing_rule(self) -> AgeingRule:
+        return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
+                          self.max_overtakes, self.max_wait_s, self.max_wait_ticks,
+                          self.ageing_soft_share)
 
 
 class ScalarScorer:
@@ -107,12 +134,19 @@ class BR0(PolicyBase[BR0Options]):
     def needs_for(cls, options: BR0Options) -> PolicyNeeds:
         return PolicyNeeds(calibrated_step_costs=calibrates(options))
 
+    def __init__(self, options: BR0Options, context: PolicyContext) -> None:
+        super().__init__(options, context)
+        self.ageing = Ageing(options.ageing_rule())
+
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:
         c = self.options
-        return run_two_stage(
+        res = run_two_stage(
             cluster, pool, scalar_model(cluster, c),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
-            max_wait_s=c.max_wait_s, max_wait_ticks=c.max_wait_ticks,
-            max_overtakes=c.max_overtakes, now_s=now_s, tick=tick)
+            starving=self.ageing.starving(pool, now_s, tick),
+            soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
+            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s)
+        self.ageing.record(pool, len(res.assignments), now_s)
+        return res
 

@@ -1,0 +1,140 @@
+"""Ageing in operator terms: wait beyond FCFS, TTFT budget, the soft phase."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from br_serve.core import ClusterSnapshot, PolicyContext, PoolRequest, PromptPool, build_policy
+from br_serve.core.ageing import Ageing, AgeingRule
+
+
+def _pool(sizes: list[int], arrival_s: float = 0.0) -> PromptPool:
+    pool = PromptPool()
+    for i, s in enumerate(sizes):
+        pool.add(PoolRequest(f"r{i}", s, arrival_s=arrival_s))
+    return pool
+
+
+def _tick(ag: Ageing, pool: PromptPool, now_s: float, release: list[str]
+          ) -> list[tuple[str, bool]]:
+    """One tick: what starves at ``now_s``, then the tick releases ``release``."""
+    out = [(r.request_id, hard) for r, hard in ag.starving(pool, now_s, 0)]
+    ag.record(pool, len(release), now_s)
+    for rid in release:
+        pool.remove(rid)
+    return out
+
+
+def test_wait_beyond_fcfs_counts_from_the_fcfs_turn() -> None:
+    ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=10.0, soft_share=0.25))
+    pool = _pool([5000, 10, 10])
+    # t=0: nothing released yet, so nobody's turn has come.
+    assert _tick(ag, pool, 0.0, []) == []
+    # t=1: the tick releases r1 (newer): r0's FCFS turn (release 1) came at t=1.
+    assert _tick(ag, pool, 1.0, ["r1"]) == []
+    assert ag.released_at(1) == 1.0
+    assert _tick(ag, pool, 3.0, []) == []  # 2 s late: under a quarter of the budget
+    assert _tick(ag, pool, 4.0, []) == [("r0", False)]  # 3 s: soft, place where it fits
+    assert _tick(ag, pool, 11.0, []) == [("r0", True)]  # 10 s: hard
+    # r2 entered after r0 and r1: its turn (release 3) has not come, so it never
+    # starves however long it waits, while r0 is still in the pool.
+    assert [r for r, _ in _tick(ag, pool, 500.0, [])] == ["r0"]
+
+
+def test_ttft_budget_counts_from_arrival() -> None:
+    ag = Ageing(AgeingRule(ttft_budget_s=4.0, soft_share=1.0))
+    pool = _pool([100, 200], arrival_s=0.0)
+    assert _tick(ag, pool, 3.9, []) == []
+    assert _tick(ag, pool, 4.0, []) == [("r0", True), ("r1", True)]
+
+
+def test_every_rule_off_means_nobody_starves() -> None:
+    ag = Ageing(AgeingRule())
+    pool = _pool([100])
+    _tick(ag, pool, 0.0, [])
+    pool.add(PoolRequest("x", 5))
+    _tick(ag, pool, 1.0, ["x"])
+    assert _tick(ag, pool, 1e9, []) == []
+
+
+def test_a_late_request_is_placed_before_the_stages() -> None:
+    # r0 (9,000 tokens) overflows every margin; the cluster keeps choosing the small
+    # ones until r0's turn is 30 s past, then ageing forces it to the best-F replica.
+    cluster = ClusterSnapshot.build([1000, 100], [1, 1], 2)
+    pool = _pool([9000, 10, 12, 14])
+    pol = build_policy("br0", {"max_wait_beyond_fcfs_s": 30.0, "ageing_soft_share": 1.0,
+                               "shallow_pool": False})
+    first = pol.schedule(cluster, pool, 0.0, 0)
+    assert "r0" not in [a.request_id for a in first.assignments] and first.aged == 0
+    pool.remove_many(first.assignments)
+    assert list(pol.ageing.starving(pool, 29.0, 1)) == []  # type: ignore[attr-defined]
+    late = pol.schedule(cluster, pool, 31.0, 2)
+    assert late.aged == 1
+    assert late.assignments[0].request_id == "r0"
+    assert late.assignments[0].replica == 1  # the larger margin
+
+
+def test_soft_late_request_goes_only_where_it_fills_well() -> None:
+    # Replica margins 3,000 (replica 1) and 0 (replica 0). r0 (2,000 tokens) is soft-late:
+    # it fills 2/3 of replica 1's margin, so it goes there first; a soft-late 500 would
+    # fill only 1/6 and is left to the stages.
+    cluster = ClusterSnapshot.build([4000, 1000], [1, 1], 2)
+    opts = {"max_wait_beyond_fcfs_s": 10.0, "ageing_soft_share": 0.25,
+            "ageing_soft_fill": 0.5, "shallow_pool": False}
+    for size, aged in ((2000, 1), (500, 0)):
+        pool = _pool([size, 10, 20, 30])
+        pol = build_policy("br0", opts)
+        pool.remove_many(pol.schedule(ClusterSnapshot.build([0, 0], [2, 1], 2), pool, 0.0,
+                                      0).assignments)
+        res = pol.schedule(cluster, pool, 5.0, 1)  # r0's turn came at t=0: 5 s late
+        assert res.aged == aged
+        if aged:
+            assert (res.assignments[0].request_id, res.assignments[0].replica) == ("r0", 1)
+
+
+@pytest.mark.parametrize("name", ["br0", "brh"])
+@settings(max_examples=8, deadline=None)
+@given(budget=st.sampled_from([3.0, 10.0, 25.0]), seed=st.integers(0, 1000))
+def test_wait_beyond_fcfs_is_bounded(name: str, budget: float, seed: int) -> None:
+    """A full pool with some huge prompts, one slot freed per tick (1 s): every
+    request's wait beyond FCFS (``T_q - T_p``, as the replay harness measures it) stays
+    within the budget plus the ticks the older late requests ahead of it can take."""
+    rng = np.random.default_rng(seed)
+    g, slots, cap = 4, 4, 24
+    opts = {"max_wait_beyond_fcfs_s": budget}
+    if name == "brh":
+        opts["horizon"] = 4
+    pol = build_policy(name, opts, PolicyContext(rng=np.random.default_rng(1)))
+    pool = PromptPool(capacity=cap)
+    running: list[list[int]] = [[] for _ in range(g)]
+    rank: dict[str, int] = {}
+    admitted: list[tuple[float, str]] = []
+    nid = 0
+    for tick in range(300):
+        while not pool.is_full():
+            s = int(rng.choice([50, 400, 3000, 10**6], p=[0.4, 0.3, 0.27, 0.03]))
+            rid = f"r{nid}"
+            rank[rid] = nid
+            nid += 1
+            pool.add(PoolRequest(rid, s, enqueued_s=float(tick), enqueued_tick=tick))
+        full = [r for r in range(g) if running[r]]
+        if full:
+            r = int(rng.choice(full))
+            running[r].pop(int(rng.integers(len(running[r]))))
+        cluster = ClusterSnapshot.build([sum(x) for x in running], [len(x) for x in running],
+                                        slots)
+        res = pol.schedule(cluster, pool, float(tick), tick)
+        pool.remove_many(res.assignments)
+        for a in res.assignments:
+            running[a.replica].append(a.prompt_tokens)
+            admitted.append((float(tick), a.request_id))
+    times = [t for t, _ in admitted]
+    worst = 0.0
+    for t_q, rid in admitted:
+        p = rank[rid]
+        if p < len(times):
+            worst = max(worst, t_q - times[p])
+    assert worst <= budget + cap + 1

@@ -1,0 +1,173 @@
+"""The shallow-pool mode (placement, bounded hold) and BR-H's per-tick trust rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from br_serve.core import (
+    ClusterSnapshot,
+    OracleHook,
+    PolicyContext,
+    PoolRequest,
+    PromptPool,
+    RunningRequests,
+    build_policy,
+)
+from tests.core.strategies import states
+
+
+def _pool(sizes: list[int], enqueued_s: float = 0.0) -> PromptPool:
+    pool = PromptPool()
+    for i, s in enumerate(sizes):
+        pool.add(PoolRequest(f"r{i}", s, enqueued_s=enqueued_s))
+    return pool
+
+
+def test_shallow_pool_goes_to_least_loaded_replica_that_fits() -> None:
+    # Three replicas (loads 5,000 / 2,000 / 3,000), free slots 3 / 1 / 1, one request
+    # of 500: it fits everywhere (F = 500), so the least loaded replica takes it. The
+    # replica loop of the stages would have sent it to the one with most free slots.
+    cluster = ClusterSnapshot.build([5000, 2000, 3000], [1, 3, 3], 4)
+    res = build_policy("br0").schedule(cluster, _pool([500]), 0.0, 0)
+    assert [(a.request_id, a.replica) for a in res.assignments] == [("r0", 1)]
+    assert res.shallow == 1
+    deep = build_policy("br0", {"shallow_pool": False}).schedule(cluster, _pool([500]), 0.0, 0)
+    assert deep.assignments[0].replica == 0
+
+
+def test_shallow_pool_places_largest_first() -> None:
+    # Margins 3,000 (replica 1) and 0: the 2,500 goes first and takes replica 1; the
+    # 100 still fits the 500 left there. FCFS order would have sent the 100 to
+    # replica 1 first and the 2,500 would then have overflowed everywhere.
+    cluster = ClusterSnapshot.build([4000, 1000], [1, 1], 3)
+    res = build_policy("br0").schedule(cluster, _pool([100, 2500]), 0.0, 0)
+    assert [(a.request_id, a.replica) for a in res.assignments] == [("r1", 1), ("r0", 1)]
+
+
+def test_hold_waits_for_a_better_placement_within_its_budget() -> None:
+    # Loads equal: a 3,000-token prompt overflows both replicas. With a 200 ms budget it
+    # is held (retick when its budget ends); once the budget is spent it is placed.
+    cluster = ClusterSnapshot.build([1000, 1000], [1, 1], 2)
+    pol = build_policy("br0", {"hold_budget_ms": 200.0})
+    pool = _pool([3000], enqueued_s=10.0)
+    held = pol.schedule(cluster, pool, 10.05, 0)
+    assert held.assignments == () and held.held == 1
+    assert held.retick_s == pytest.approx(10.2)
+    late = pol.schedule(cluster, pool, 10.2, 1)
+    assert len(late.assignments) == 1 and late.held == 0 and late.retick_s is None
+    # A prompt that fits some margin is never held.
+    fits = pol.schedule(ClusterSnapshot.build([4000, 1000], [1, 1], 2), pool, 10.05, 0)
+    assert len(fits.assignments) == 1 and fits.held == 0
+
+
+@settings(max_examples=120, deadline=None)
+@given(st_=states(kv=True, dead=True), budget_ms=st.sampled_from([1.0, 50.0, 1000.0]),
+       now=st.floats(0.0, 2.0), spread=st.floats(0.0, 2.0), name=st.sampled_from(
+           ["br0", "brh"]))
+def test_hold_never_exceeds_its_budget(st_: tuple[ClusterSnapshot, PromptPool],
+                                       budget_ms: float, now: float, spread: float,
+                                       name: str) -> None:
+    cluster, pool = st_
+    # re-date the pool: entries spread over [now - spread, now]
+    dated = PromptPool(max(len(pool), 1))
+    rng = np.random.default_rng(len(pool))
+    for rid, size in zip(pool.sorted_ids, pool.sorted_sizes, strict=True):
+        dated.add(PoolRequest(rid, size, enqueued_s=now - spread * float(rng.random())))
+    opts: dict[str, object] = {"hold_budget_ms": budget_ms}
+    if name == "brh":
+        opts["horizon"] = 6
+    res = build_policy(name, opts).schedule(cluster, dated, now, 0)
+    budget = budget_ms / 1e3
+    placed = {a.request_id for a in res.assignments}
+    waiting = [dated.get(r) for r in dated.sorted_ids if r not in placed]
+    if res.held:
+        assert res.retick_s is not None and now < res.retick_s <= now + budget + 1e-9
+        # the hint is the end of some waiting request's budget
+        assert any(abs(r.enqueued_s + budget - res.retick_s) < 1e-9 for r in waiting)
+    else:
+        assert res.retick_s is None
+    # holding only happens in a pool that fits the free slots, and only to requests
+    # whose budget has not run out: at most that many are held
+    assert res.held <= sum(1 for r in waiting if now < r.enqueued_s + budget)
+
+
+def _deep_cluster() -> tuple[ClusterSnapshot, list[int]]:
+    # Two replicas; replica 0's 6,000-token request ends in 3 steps (oracle).
+    run = RunningRequests.build([0, 1], [5000, 5000], [1000, 1000],
+                                true_remaining_steps=[3, 10_000])
+    return ClusterSnapshot.build([6000, 6000], [1, 1], 3, running=run), [6000, 6000]
+
+
+def test_refill_coverage_by_hand() -> None:
+    cluster, _ = _deep_cluster()
+    pol = build_policy("brh", {"horizon": 10}, PolicyContext(predictor=OracleHook()))
+    ends, p, ok = pol._predict(cluster)  # type: ignore[attr-defined]
+    assert ok and ends is not None and ends.tolist() == [3, 11]
+    # one projected drop of 6,000 + 3 = 6,003 tokens; the pool's largest prompt covers
+    # 3,000 of it (0.4998), or all of it (9,000 > 6,003)
+    cov = pol.refill_coverage(cluster, _pool([10, 3000]), ends, p)  # type: ignore[attr-defined]
+    assert abs(cov - 3000 / 6003) < 1e-12
+    assert pol.refill_coverage(cluster, _pool([10, 9000]), ends, p) == 1.0  # type: ignore[attr-defined]
+    assert pol.refill_coverage(cluster, _pool([]), ends, p) == 0.0  # type: ignore[attr-defined]
+
+
+def test_lookahead_is_used_only_where_the_pool_will_not_refill_the_drops() -> None:
+    cluster, _ = _deep_cluster()
+    pol = build_policy("brh", {"horizon": 10, "shallow_pool": False},
+                       PolicyContext(predictor=OracleHook()))
+    # Pool of small prompts: the drop is real, the look-ahead is used.
+    small = pol.schedule(cluster, _pool([50, 100, 150, 200]), 0.0, 0)
+    assert small.lookahead
+    # Pool with prompts as large as the drop: BR-0's decision.
+    big = pol.schedule(cluster, _pool([5000, 6000, 7000, 8000]), 0.0, 0)
+    assert not big.lookahead
+    br0 = build_policy("br0", {"shallow_pool": False}).schedule(
+        cluster, _pool([5000, 6000, 7000, 8000]), 0.0, 0)
+    assert big.assignments == br0.assignments
+
+
+@settings(max_examples=150, deadline=None)
+@given(st_=states(max_g=10, kv=True, dead=True), s_greedy=st.integers(0, 12),
+       r_max=st.integers(1, 5), shallow=st.booleans(),
+       hold=st.sampled_from([0.0, 100.0]), fcfs=st.sampled_from([None, 0.0, 30.0]),
+       soft=st.sampled_from([0.0, 0.25, 1.0]), refill=st.sampled_from(["none", "rollout"]),
+       trust=st.sampled_from([None, 0.0, 0.5]))
+def test_brh_h0_equals_br0_with_the_new_options(
+        st_: tuple[ClusterSnapshot, PromptPool], s_greedy: int, r_max: int, shallow: bool,
+        hold: float, fcfs: float | None, soft: float, refill: str,
+        trust: float | None) -> None:
+    """``horizon=0, alpha=1, beta=G`` is BR-0 under every ageing, shallow-pool, hold,
+    refill and trust setting (the options BR-H shares with BR-0 set alike), over a few
+    ticks so the ageing clock matters."""
+    cluster, pool = st_
+    g_alive = int(cluster.alive.sum())
+    common: dict[str, object] = {
+        "s_greedy": s_greedy, "r_max": r_max, "shallow_pool": shallow,
+        "hold_budget_ms": hold, "max_wait_beyond_fcfs_s": fcfs, "ageing_soft_share": soft}
+    br0 = build_policy("br0", common)
+    brh = build_policy("brh", {"horizon": 0, "alpha": 1.0, "beta": float(g_alive),
+                               "refill": refill, "trust_refill_coverage": trust, **common},
+                       PolicyContext(predictor=OracleHook()))
+    pa, pb = PromptPool(), PromptPool()
+    for rid, size in zip(pool.sorted_ids, pool.sorted_sizes, strict=True):
+        pa.add(PoolRequest(rid, size))
+        pb.add(PoolRequest(rid, size))
+    snap = cluster
+    if len(snap.running):  # the oracle needs true remaining steps; give some
+        run = snap.running
+        snap = ClusterSnapshot.build(
+            snap.load_tokens, snap.running_requests, snap.slots, snap.kv_limit_tokens,
+            snap.alive, running=RunningRequests.build(
+                run.replica, run.prompt_tokens, run.decoded_tokens,
+                true_remaining_steps=np.arange(len(run)) % 3 + 1))
+    for tick in range(3):
+        now = 20.0 * tick
+        a = br0.schedule(snap, pa, now, tick)
+        b = brh.schedule(snap, pb, now, tick)
+        assert a.assignments == b.assignments
+        assert (a.held, a.retick_s) == (b.held, b.retick_s)
+        pa.remove_many(a.assignments)
+        pb.remove_many(b.assignments)
