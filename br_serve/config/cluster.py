@@ -14,7 +14,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from br_serve.core.options import ConfigError, Options, as_dict
-from br_serve.core.policy import parse_policy_options, policy_class, predictor_horizon
+from br_serve.core.policy import (
+    PolicyNeeds,
+    parse_policy_options,
+    policy_class,
+    predictor_horizon,
+)
 
 Coef = float | tuple[float, ...]
 
@@ -156,6 +161,11 @@ class ClusterConfig(StepModel, PrefillModel):
     def policy_options_obj(self) -> Options:
         """The validated options object of :attr:`policy`."""
         return parse_policy_options(self.policy, self.policy_options)
+
+    def policy_needs(self) -> PolicyNeeds:
+        """What :attr:`policy` needs under its options (``needs_for``): e.g. whether a
+        driver must calibrate step coefficients online for it."""
+        return policy_class(self.policy).needs_for(self.policy_options_obj())
 
     def predictor_horizon(self) -> int | None:
         """The window the policy asks its predictor about (None: it uses no predictor)."""
