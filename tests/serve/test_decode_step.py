@@ -121,3 +121,26 @@ def test_barrier_carries_the_loads_the_step_computed_with(
     else:
         assert [r.barrier_compute_s for r in busy] == [(), ()]
     assert not FATAL
+
+
+def test_each_decode_replica_emulates_its_own_step_coefficients() -> None:
+    """Per-replica ``step_*`` lists (a heterogeneous cluster) reach each replica's
+    emulated engine through the config the graph hands its actors (``model_dump``)."""
+    from br_serve.serve.config import parse_graph_config
+
+    a, b, c = (5e-7, 5e-7, 7.5e-7), (0.03, 0.03, 0.045), (0.0, 0.0, 1e-3)
+    conf = parse_graph_config(replicas=3, step_a_s_per_token="5e-7,5e-7,7.5e-7",
+                              step_b_s="0.03,0.03,0.045", step_c_s_per_request=list(c),
+                              time_scale=2, kv_bytes_per_token=KV_BYTES_PER_TOKEN
+                              ).model_dump()
+    for g in range(3):
+        rep = DecodeReplica(g, conf, "no-scheduler")
+        try:
+            eng: Any = rep.engine
+            assert eng.step_time_s() == pytest.approx(2 * b[g])  # empty: b alone
+            eng.admit("x", np.zeros(1000 * KV_BYTES_PER_TOKEN, np.uint8), 1000, 7,
+                      SamplingParams(max_tokens=5))
+            assert eng.step_time_s() == pytest.approx(2 * (a[g] * 1000 + c[g] + b[g]))
+        finally:
+            asyncio.run(rep.shutdown())
+            rep._thread.join(5)
