@@ -4,6 +4,7 @@ Prometheus endpoint)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,7 +74,7 @@ def test_scheduler_exports_the_fit_throttled(fake_metrics: dict[str, FakeMetric]
     assert sched.core.calibrator.g == G
     sched._metrics = SchedulerMetrics()
     now = [100.0]
-    monkeypatch.setattr(sched_mod.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(sched_mod, "time", SimpleNamespace(monotonic=lambda: now[0]))
     for g in range(G):
         sched.core.mark_alive(g, f"i{g}")
     sched.core.members.begin(tuple(range(G)))
