@@ -151,12 +151,16 @@ def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, 
 
 
 def slowed(base: GraphConfig, replicas: list[int], factor: float) -> GraphConfig:
-    """``base`` with the step coefficients ``a``, ``b``, ``c`` of ``replicas`` times
-    ``factor`` (a heterogeneous emulated cluster: e.g. half the replicas 1.5x slower).
+    """``base`` whose emulated engines of ``replicas`` run ``factor`` times slower (all
+    of ``a``, ``b``, ``c``) than the configured step model says: a heterogeneous cluster
+    the operator did not describe (``emulated_step_factor``), e.g. half the replicas
+    1.5x slower. Only a policy that calibrates online sees it; the simulator runs it as
+    a drift from step 0. Repeated calls multiply.
 
     Raises:
         ValueError: a replica out of range or a factor that is not positive.
     """
+    from br_serve.config.cluster import per_replica
     from br_serve.serve.config import parse_graph_config
 
     g = base.replicas
@@ -164,11 +168,10 @@ def slowed(base: GraphConfig, replicas: list[int], factor: float) -> GraphConfig
     if bad or factor <= 0:
         raise ValueError(f"--slow: replicas must lie in 0..{g - 1} and the factor be > 0 "
                          f"(got {replicas}, {factor})")
-    f = np.ones(g)
-    f[replicas] = factor
-    a, b, c = (tuple(float(x) for x in np.asarray(v) * f) for v in base.coefficients(g))
-    return parse_graph_config(base.model_dump(), step_a_s_per_token=a, step_b_s=b,
-                              step_c_s_per_request=c)
+    f = np.asarray(per_replica(base.emulated_step_factor, g), dtype=np.float64)
+    f[replicas] *= factor
+    return parse_graph_config(base.model_dump(),
+                              emulated_step_factor=tuple(float(x) for x in f))
 
 
 def load_workload(trace_path: str | None, limit: int, arrival_scale: float,

@@ -58,18 +58,25 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
                  admit_delay_steps: int = 0) -> dict[str, Any]:
     """Simulate ``cfg`` (step and prefill models scaled by ``time_scale``) on ``trace``,
     with ``extra_step_s`` of host overhead per step; ``model_throughput_tok_s`` prices the
-    same steps without it."""
+    same steps without it. The engines' ``emulated_step_factor`` is a drift from step 0
+    (the simulated replicas run slower than the configured model says, as the live
+    ones do), with the overhead in ``b`` divided by it, so that it stays unslowed."""
     from br_serve.config import ClusterConfig
+    from br_serve.config.cluster import per_replica
     from br_serve.sim import parse_sim_config, simulate
 
     ts = cfg.time_scale
     a, b, c = (tuple(x * ts for x in v) for v in cfg.coefficients(cfg.replicas))
     shared = {k: getattr(cfg, k) for k in ClusterConfig.model_fields}
+    factor = per_replica(cfg.emulated_step_factor, cfg.replicas)
+    # the drift multiplies a replica's whole step; the host overhead is not slowed
+    b = tuple(x + extra_step_s / f for x, f in zip(b, factor, strict=True))
     scfg = parse_sim_config(**{
-        **shared, "step_a_s_per_token": a, "step_b_s": tuple(x + extra_step_s for x in b),
+        **shared, "step_a_s_per_token": a, "step_b_s": b,
         "step_c_s_per_request": c, "prefill_p0_s": cfg.prefill_p0_s * ts,
         "prefill_p1_s_per_token": cfg.prefill_p1_s_per_token * ts,
-        "pool_capacity": cfg.pool_capacity, "admit_delay_steps": admit_delay_steps})
+        "pool_capacity": cfg.pool_capacity, "admit_delay_steps": admit_delay_steps,
+        "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)})
     s = simulate(trace, scfg).summary()
     out = {k: s.get(k) for k in _SIM_KEYS}
     thr, tok = s["throughput_tok_s"], s["tokens_generated"]
@@ -263,9 +270,10 @@ def _overhead_runs(result: dict[str, Any]) -> str:
 
 def format_step_fits(result: dict[str, Any]) -> list[str]:
     """Per run label that calibrated step costs online: every replica's true step
-    coefficients (the emulated engine's, scaled by ``time_scale``) beside the fit the
-    scheduler held at the end of the run (mean over repeats), and both models' time of
-    a step at the run's mean replica load and running requests."""
+    coefficients (the emulated engine's: configured x ``emulated_step_factor`` x
+    ``time_scale``) beside the fit the scheduler held at the end of the run (mean over
+    repeats), and both models' time of a step at the run's mean replica load and
+    running requests."""
     cfg = result.get("config", {})
     g = int(cfg.get("replicas", 0))
     if not g:
@@ -274,7 +282,7 @@ def format_step_fits(result: dict[str, Any]) -> list[str]:
 
     base = parse_graph_config(cfg)
     ts = base.time_scale
-    a, b, c = (np.asarray(x) * ts for x in base.coefficients(g))
+    a, b, c = (np.asarray(x) * ts for x in base.emulated_coefficients())
     out: list[str] = []
     for pol in dict.fromkeys(r["policy"] for r in result["runs"]):
         fits = [r["measured"]["step_fit"] for r in result["runs"]

@@ -24,7 +24,8 @@ from br_serve.core.policy import (
 Coef = float | tuple[float, ...]
 
 
-def _per_replica(v: Coef, g: int) -> tuple[float, ...]:
+def per_replica(v: Coef, g: int) -> tuple[float, ...]:
+    """One value per replica: ``v`` itself if it is one per replica, else ``g`` copies."""
     return tuple(v) if isinstance(v, tuple) else (float(v),) * g
 
 
@@ -63,9 +64,9 @@ class StepModel(BaseModel):
     def coefficients(self, replicas: int) -> tuple[tuple[float, ...], tuple[float, ...],
                                                    tuple[float, ...]]:
         """``(a, b, c)``, each one value per replica."""
-        return (_per_replica(self.step_a_s_per_token, replicas),
-                _per_replica(self.step_b_s, replicas),
-                _per_replica(self.step_c_s_per_request, replicas))
+        return (per_replica(self.step_a_s_per_token, replicas),
+                per_replica(self.step_b_s, replicas),
+                per_replica(self.step_c_s_per_request, replicas))
 
 
 class PrefillModel(BaseModel):

@@ -69,14 +69,19 @@ class SchedulerCore:
     step, per request; scalars or one per replica) with which the step counters price
     each measured step; ``clock`` gives seconds (enqueue stamps, ``now_s``).
     ``calibrator``: fit every replica's step coefficients from the measured steps and
-    give the policy the fit instead of ``step_model`` (see :func:`make_calibrator`)."""
+    give the policy the fit instead of ``step_model`` (see :func:`make_calibrator`).
+    ``price_model``: what the step counters price measured steps with, when the engines
+    run another model than the configured one (emulated heterogeneity); default
+    ``step_model``."""
 
     def __init__(self, replicas: int, slots: int, pool_capacity: int,
                  step_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike],
                  policy: PolicyBase[Any], detail: bool,
                  predictor: TerminationPredictor | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 calibrator: StepCalibrator | None = None) -> None:
+                 calibrator: StepCalibrator | None = None,
+                 price_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike] | None = None
+                 ) -> None:
         self.g = replicas
         self.pool = PromptPool(pool_capacity)
         self.admissions: dict[str, Admission] = {}
@@ -91,6 +96,9 @@ class SchedulerCore:
         if calibrator is not None and calibrator.g != replicas:
             raise ValueError(f"calibrator: fits {calibrator.g} replicas, not {replicas}")
         self.calibrator = calibrator
+        pa, pb, pc = step_model if price_model is None else price_model
+        self._price = tuple(np.broadcast_to(np.asarray(x, dtype=np.float64), (replicas,))
+                            for x in (pa, pb, pc))
         self._coef: Coefficients | None = None  # the fit, until the next measured step
         self.ticks = 0
         #: when the last tick asked to be run again (``TickResult.retick_s``, the
@@ -196,9 +204,9 @@ class SchedulerCore:
             loads = np.asarray(rep.barrier_loads, dtype=np.int64)
             running = np.asarray(rep.barrier_running, dtype=np.int64)
             members = np.asarray(rep.members, dtype=np.int64)
-            st = self.mirror.state
-            model_s = float((st.step_a[members] * loads + st.step_c[members] * running
-                             + st.step_b[members]).max())
+            pa, pb, pc = self._price
+            model_s = float((pa[members] * loads + pc[members] * running
+                             + pb[members]).max())
             imb = self.stats.record_step(loads, int(sum(rep.barrier_running)),
                                          rep.compute_s + rep.barrier_s, model_s)
             if self.calibrator is not None and len(rep.barrier_compute_s) == len(members):

@@ -69,8 +69,11 @@ class Scheduler(SchedulerIO):
         # calibrated on the measured (scaled) step times; the configured model is its prior
         calib = (make_calibrator(cfg.replicas, (a, b, c))
                  if cfg.policy_needs().calibrated_step_costs else None)
+        # the step counters price steps as the (emulated) engines run them
+        true = tuple(np.asarray(x) * cfg.time_scale for x in cfg.emulated_coefficients())
         core = SchedulerCore(cfg.replicas, cfg.slots, cfg.pool_capacity, (a, b, c), policy,
-                             detail, predictor, calibrator=calib)
+                             detail, predictor, calibrator=calib,
+                             price_model=(true[0], true[1], true[2]))
         self._io_init(cfg, decode_names, core)
         self._coef_exported = -float("inf")
 

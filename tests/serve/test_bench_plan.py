@@ -57,16 +57,46 @@ def test_plan_runs_validates_each_runs_graph_config() -> None:
     assert c1.policy_needs().calibrated_step_costs  # its scheduler calibrates online
 
 
-def test_slowed_multiplies_every_coefficient_of_the_named_replicas() -> None:
+def test_slowed_engines_run_slower_than_the_configured_model() -> None:
     base = parse_graph_config(replicas=4, step_c_s_per_request=1e-3)
-    cfg = slowed(base, [2, 3], 1.5)
-    a, b, c = cfg.coefficients(4)
-    assert a == pytest.approx((5e-7, 5e-7, 7.5e-7, 7.5e-7))
-    assert b == pytest.approx((0.03, 0.03, 0.045, 0.045))
-    assert c == pytest.approx((1e-3, 1e-3, 1.5e-3, 1.5e-3))
-    assert cfg.engine_timing(3).step_b_s == pytest.approx(0.045)  # what replica 3 emulates
+    cfg = slowed(slowed(base, [2, 3], 1.5), [3], 2.0)
+    assert cfg.emulated_step_factor == (1.0, 1.0, 1.5, 3.0)
+    assert cfg.coefficients(4) == base.coefficients(4)  # what the scheduler is told
+    a, b, c = cfg.emulated_coefficients()  # what the engines run
+    assert a == pytest.approx((5e-7, 5e-7, 7.5e-7, 1.5e-6))
+    assert b == pytest.approx((0.03, 0.03, 0.045, 0.09))
+    assert c == pytest.approx((1e-3, 1e-3, 1.5e-3, 3e-3))
+    assert cfg.engine_timing(2).step_b_s == pytest.approx(0.045)  # what replica 2 emulates
     with pytest.raises(ValueError, match="--slow"):
         slowed(base, [4], 1.5)
+
+
+@pytest.mark.parametrize(("factor", "match"), [
+    ("1,2", "emulated_step_factor: 2 values for 4"), ("0", "emulated_step_factor"),
+    ("1,1,-1,1", "emulated_step_factor")])
+def test_bad_emulated_factor_is_named(factor: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_graph_config(replicas=4, emulated_step_factor=factor)
+
+
+def test_the_simulator_runs_the_hidden_slowdown_as_the_engines_do() -> None:
+    """A slowdown the configured model does not know (a drift from step 0 in the
+    simulator) prices every step as configuring it would, host overhead unslowed: jsq
+        ignores coefficients, so its two runs agree (to 1%: the simulator's idle step
+    while only delayed admissions wait is priced with the unperturbed ``b``, 0.2% here;
+    slowing the overhead too would be 5% off)."""
+    from br_serve.bench.serve_bench import load_workload
+    from br_serve.bench.serve_report import simulate_one
+
+    tr = load_workload(None, 40, 1.0, max_output=20, max_prompt=2000, seed=1)
+    base = parse_graph_config(replicas=4, slots=4, policy="jsq", time_scale=2)
+    hidden = simulate_one(tr, slowed(base, [2, 3], 1.5), 0.01, 1)
+    told = simulate_one(tr, parse_graph_config(
+        base.model_dump(), step_a_s_per_token="5e-7,5e-7,7.5e-7,7.5e-7",
+        step_b_s="0.03,0.03,0.045,0.045"), 0.01, 1)
+    plain = simulate_one(tr, base, 0.01, 1)
+    assert hidden["throughput_tok_s"] == pytest.approx(told["throughput_tok_s"], rel=0.01)
+    assert hidden["throughput_tok_s"] < 0.9 * plain["throughput_tok_s"]
 
 
 @pytest.mark.parametrize(("argv", "match"), [

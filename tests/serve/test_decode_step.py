@@ -144,3 +144,19 @@ def test_each_decode_replica_emulates_its_own_step_coefficients() -> None:
         finally:
             asyncio.run(rep.shutdown())
             rep._thread.join(5)
+
+
+def test_a_hidden_emulated_slowdown_reaches_only_its_replica() -> None:
+    """``emulated_step_factor`` slows replica 1's engine; the configured model (what
+    the scheduler is told) stays as given."""
+    from br_serve.serve.config import parse_graph_config
+
+    cfg = parse_graph_config(replicas=2, step_b_s=0.03, emulated_step_factor="1,2")
+    assert cfg.coefficients(2)[1] == (0.03, 0.03)
+    for g, want in ((0, 0.03), (1, 0.06)):
+        rep = DecodeReplica(g, cfg.model_dump(), "no-scheduler")
+        try:
+            assert rep.engine.step_time_s() == pytest.approx(want)  # type: ignore[attr-defined]
+        finally:
+            asyncio.run(rep.shutdown())
+            rep._thread.join(5)

@@ -192,3 +192,17 @@ def test_a_calibrator_for_another_cluster_size_is_refused() -> None:
         SchedulerCore(G, 4, 8, CONFIGURED, build_policy("jsq"), detail=False,
                       calibrator=make_calibrator(G + 1, CONFIGURED))
 
+
+
+def test_steps_are_priced_with_the_engines_model_when_it_differs() -> None:
+    """The step counters' model-priced time uses ``price_model`` (the emulated engines'
+    own model), not the configured one the policy is told."""
+    true = (A, B, C)
+    core = SchedulerCore(G, 16, 64, CONFIGURED, build_policy("br0"), detail=False,
+                         clock=iter(range(10**6)).__next__, price_model=true)
+    for g in range(G):
+        core.mark_alive(g, f"i{g}")
+    core.members.begin(tuple(range(G)))
+    load, run = np.array([1e4, 2e4, 3e4, 4e4]), np.array([1, 2, 3, 4])
+    core.on_report(_rank0(core, 1, load, run, A * load + C * run + B))
+    assert core.stats.model_step_s_sum == pytest.approx(float((A * load + C * run + B).max()))
