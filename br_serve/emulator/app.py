@@ -370,3 +370,28 @@ def build_base_app(emu: Emulator, rank: int | None) -> FastAPI:
             return {"released": emu.broker.abort(str(body.get("key")))}
 
     return app
+
+
+#: a role's handler: (request, its JSON object body, chat?) -> the response
+Handler = Callable[[Request, dict[str, Any], bool], Awaitable[Response]]
+
+
+def add_completion_routes(app: FastAPI, role: str, prefill: Handler,
+                          decode: Handler) -> None:
+    """``POST /v1/completions`` and ``/v1/chat/completions``: a JSON object body
+    (else 400), handled by ``prefill`` or ``decode`` as ``role`` says."""
+    handler = prefill if role == "prefill" else decode
+
+    async def serve(request: Request, chat: bool) -> Response:
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body: must be a JSON object")
+        return await handler(request, body, chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, chat=True)

@@ -36,6 +36,7 @@ from br_serve.emulator.app import (
     Emulator,
     Spec,
     TokenStream,
+    add_completion_routes,
     build_base_app,
     json_body,
     unless_disconnected,
@@ -168,21 +169,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         emu.counters.internal_id[ext] = rid
         return await emu.decode_response(request, rid, ext, g, req)
 
-    async def serve(request: Request, chat: bool) -> Response:
-        body = await json_body(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "request body: must be a JSON object")
-        if cfg.role == "prefill":
-            return await prefill(request, body, chat)
-        return await decode(request, body, chat)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await serve(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await serve(request, chat=True)
+    add_completion_routes(app, cfg.role, prefill, decode)
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:

@@ -41,8 +41,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from br_serve.emulator.app import (
     Emulator,
     Spec,
+    add_completion_routes,
     build_base_app,
-    json_body,
     unless_disconnected,
 )
 from br_serve.emulator.config import EmulatorConfig
@@ -180,21 +180,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         prefix = "chatcmpl" if chat else "cmpl"
         return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
 
-    async def serve(request: Request, chat: bool) -> Response:
-        body = await json_body(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "request body: must be a JSON object")
-        if cfg.role == "prefill":
-            return await prefill(request, body, chat)
-        return await decode(request, body, chat)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await serve(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await serve(request, chat=True)
+    add_completion_routes(app, cfg.role, prefill, decode)
 
     @app.post("/v1/requests/{request_id}/cancel")
     async def cancel(request_id: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ Contracts:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from br_serve.engine.base import SamplingParams
@@ -69,7 +69,7 @@ def choose_tokens(logits: Any, params: Sequence[SamplingParams],
     return out
 
 
-def _held_suffix(text: str, stops: Sequence[str]) -> int:
+def held_suffix(text: str, stops: Iterable[str]) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
     best = 0
     for s in stops:
@@ -129,7 +129,7 @@ class TextStream:
         end = len(full)
         if full.endswith("\ufffd"):
             end -= 1  # an incomplete UTF-8 sequence: wait for the next byte token
-        end -= _held_suffix(full[:end], p.stop)
+        end -= held_suffix(full[:end], p.stop)
         if end <= start or not full.startswith(self._emitted):
             return "", False, None
         text = full[start:end]

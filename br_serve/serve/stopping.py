@@ -27,16 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-
-def held_suffix(text: str, stops: Iterable[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
+from br_serve.engine.sampling import held_suffix
 
 
 class OutputFilter:

@@ -1,10 +1,11 @@
 """The OpenAI surface over real HTTP against a deployed graph (one local Ray cluster).
 
-Two applications on one port: ``balance_route`` (G=2, route ``/``, a 64-token context
+Three applications on one port: ``balance_route`` (G=2, route ``/``, a 64-token context
 to test its limit) and ``br_fresh`` (G=1, route ``/fresh``), deployed *without* the
 readiness call that ``deploy`` makes, so its first request is the first thing that
 ever runs in its ingress (what ``serve run`` gives a user): the disconnect test needs
-that.
+that; and ``br_ready`` (G=2, route ``/readyapp``), whose first contact right after
+Serve reported it ready is recorded for the readiness test.
 """
 
 from __future__ import annotations
@@ -40,9 +41,33 @@ def port() -> Iterator[int]:
     serve.run(build(parse_graph_config(app_name="br_fresh", replicas=1, prefill_replicas=1,
                                        step_b_s=0.02, barrier_timeout_s=5)),
               name="br_fresh", route_prefix="/fresh", blocking=False)
+    # As `serve run` does: serve.run returns when Serve calls the app ready (the
+    # ingress's constructor returned); what a user sees right then is recorded here.
+    serve.run(build(parse_graph_config(app_name="br_ready", replicas=2, prefill_replicas=1,
+                                       step_b_s=0.01, barrier_timeout_s=5)),
+              name="br_ready", route_prefix="/readyapp", blocking=False)
+    _AT_READY.update(_first_contact(f"http://127.0.0.1:{p}/readyapp"))
     yield p
     serve.shutdown()  # type: ignore[no-untyped-call]
     ray.shutdown()
+
+
+_AT_READY: dict[str, Any] = {}
+
+
+def _first_contact(base: str) -> dict[str, Any]:
+    """/health, /ready and the first streamed token, right after the app is ready."""
+    with httpx.Client(base_url=base, timeout=60) as c:
+        health, ready = c.get("/health").status_code, c.get("/ready").status_code
+        t0 = time.perf_counter()
+        first_token_s = None
+        with c.stream("POST", "/v1/completions", json={
+                "model": MODEL, "prompt": "a b", "max_tokens": 20, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"text"' in line and first_token_s is None:
+                    first_token_s = time.perf_counter() - t0
+        return {"health": health, "ready": ready, "first_token_s": first_token_s,
+                "status": r.status_code}
 
 
 @pytest.fixture()
@@ -223,3 +248,13 @@ def test_first_request_disconnect_keeps_the_app_serving_and_quiet(port: int) -> 
     noisy = [ln for ln in _ingress_log_lines("br_fresh")
              if "CancelledError" in ln or "lost decode replica" in ln]
     assert noisy == [], noisy[:5]
+
+
+def test_ready_means_a_request_is_served_now(port: int) -> None:
+    """Liveness and readiness are distinct endpoints, and readiness (what `serve run`
+    waits for) means a request is served at once: the first request right after it
+    gets its first token within seconds (the graph used to report ready 5-9 s before
+    a completion could run, and had no readiness endpoint: /ready was a 404)."""
+    assert _AT_READY["health"] == 200 and _AT_READY["ready"] == 200, _AT_READY
+    assert _AT_READY["status"] == 200 and _AT_READY["first_token_s"] is not None
+    assert _AT_READY["first_token_s"] < 3.0, _AT_READY

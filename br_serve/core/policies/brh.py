@@ -139,7 +139,7 @@ class HorizonMargins:
             self._cache.pop(g, None)
 
 
-class RefillMargins:
+class RefillMargins(HorizonMargins):
     """:class:`HorizonMargins` over a projection with refills (core/projection.py).
 
     ``target`` are the projected loads with every rollout refill, ``base`` the same with
@@ -152,28 +152,13 @@ class RefillMargins:
     to the imbalance, not ``G``). With no refill on ``g`` it is :class:`GrowingScore`.
     """
 
-    __slots__ = ("_cache", "alive", "alpha", "base", "beta", "d", "dh", "first", "h", "ld",
-                 "loads", "top", "uniform")
+    __slots__ = ("base", "first")
 
     def __init__(self, target: FloatArray, base: FloatArray, first: list[int],
                  alive: np.ndarray, d: FloatArray, alpha: float, beta: float) -> None:
-        self.loads = target
+        super().__init__(target, alive, d, alpha, beta)
         self.base = base
         self.first = first
-        self.alive = alive
-        self.d = d
-        self.alpha = alpha
-        self.beta = beta
-        self.h = np.arange(d.shape[0], dtype=np.float64)
-        self.dh = float(d @ self.h)
-        self.uniform = bool((d == 1.0).all())
-        self.top: FloatArray = (target[alive].max(axis=0) if alive.any()
-                                else np.zeros(d.shape[0]))
-        self.ld: list[float] = (target @ d).tolist()
-        self._cache: dict[int, GrowingScore] = {}
-
-    def rank(self, g: int) -> float:
-        return -self.ld[g]
 
     def scorer(self, g: int) -> GrowingScore:
         sc = self._cache.get(g)
