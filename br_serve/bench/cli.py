@@ -14,13 +14,21 @@ from br_serve.serve.config import parse_graph_config
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from br_serve.bench.serve_bench import run_bench
+    from br_serve.bench.serve_bench import plan_runs, run_bench, slowed
+    from br_serve.config.plan import parse_key_values
 
     if args.resimulate:
         return _resimulate(args)
-    opts = {"replicas": "8", "port": str(free_port()), "pool_capacity": "4096",
-            **kv_args(args.set)}
+    given = kv_args(args.set)
+    for key in ("policy", "policy_options", "predictor"):
+        if key in given:
+            raise ValueError(f"--set {key}: give the runs with --policies (NAME, "
+                             "LABEL=NAME, NAME:PREDICTOR) and their options with "
+                             "--policy-option")
+    opts = {"replicas": "8", "port": str(free_port()), "pool_capacity": "4096", **given}
     base = parse_graph_config(opts)
+    for spec in args.slow:
+        base = slowed(base, *_slow_spec(spec))
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be at least 1 (got {args.repeats})")
     if args.sim_seeds < 0 or args.sim_jitter < 0:
@@ -32,19 +40,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "max_prompt": args.max_prompt, "seed": base.seed}
     trace = _workload(workload)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    for p in policies:
-        parse_graph_config(base.model_dump(), policy=p)  # names a bad policy up front
+    planned = plan_runs(base, policies, parse_key_values(args.policy_option))  # up front
+    labels = [run.label for run, _ in planned]
+    baseline = args.baseline or "jsq"
+    if baseline not in labels:
+        raise ValueError(f"--baseline: {baseline!r} is not one of the runs "
+                         f"({', '.join(labels)})")
     start_ray(args.num_cpus)
     try:
-        res = run_bench(base, policies, trace, Path(args.out), args.timeout,
+        res = run_bench(base, planned, trace, Path(args.out), args.timeout,
                         repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds,
-                        workload=workload, overhead_from=args.overhead_from)
+                        workload=workload, overhead_from=args.overhead_from,
+                        baseline=baseline)
     finally:
         stop_ray()
     lost = sum(r["measured"]["requests_lost"] + r["measured"]["bad_tokens"]
                for r in res["runs"])
     print(f"wrote {args.out}")
     return 0 if lost == 0 else 1
+
+
+def _slow_spec(text: str) -> tuple[list[int], float]:
+    """``"4,5,6,7:1.5"`` or ``"4-7:1.5"`` -> ``([4, 5, 6, 7], 1.5)``."""
+    reps, _, fac = text.partition(":")
+    try:
+        out: list[int] = []
+        for part in reps.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if dash else [int(lo)]
+        return out, float(fac)
+    except ValueError:
+        raise ValueError(f"--slow: expected REPLICAS:FACTOR, e.g. 4-7:1.5 (got {text!r})"
+                         ) from None
 
 
 def _workload(w: dict[str, Any]) -> Any:
@@ -66,9 +93,11 @@ def _resimulate(args: argparse.Namespace) -> int:
         raise ValueError(f"--resimulate: {path} has no workload or runs (not a "
                          "bench-serve result of this version)")
     base = parse_graph_config(old["config"])
-    keep = ("config", "workload", "requests", "repeats", "runs")
+    keep = ("config", "workload", "requests", "repeats", "baseline", "runs")
     res = {k: old[k] for k in keep if k in old}
     res["sim_jitter_s"], res["sim_seeds"] = args.sim_jitter, args.sim_seeds
+    if args.baseline:
+        res["baseline"] = args.baseline
     report(res, _workload(old["workload"]), base, Path(args.out), args.overhead_from)
     print(f"wrote {args.out}")
     return 0
@@ -84,7 +113,20 @@ def register(sub: Any) -> None:
                    help="multiply arrival times (0.5 = twice the rate)")
     p.add_argument("--max-output", type=int, default=256, help="clip outputs (tokens)")
     p.add_argument("--max-prompt", type=int, default=32768, help="clip prompts (tokens)")
-    p.add_argument("--policies", default="jsq,br0,brh")
+    p.add_argument("--policies", default="jsq,br0,brh",
+                   help="comma-separated runs: NAME, NAME:PREDICTOR, or LABEL=NAME (a "
+                        "named variant with its own options, e.g. br0-time=br0)")
+    p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a policy option: KEY for every run whose policy has it, "
+                        "ENTRY.KEY for one entry (policy name or variant label), "
+                        "e.g. br0-time.cost=time; repeatable")
+    p.add_argument("--baseline", default=None,
+                   help="run label the gains are paired against (and whose runs "
+                        "calibrate the simulator's host overhead); default jsq, or with "
+                        "--resimulate the result's own")
+    p.add_argument("--slow", action="append", default=[], metavar="REPLICAS:FACTOR",
+                   help="multiply the step coefficients a, b, c of these replicas "
+                        "(e.g. 4-7:1.5: half of G=8 1.5x slower); repeatable")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--repeats", type=int, default=1,
                    help="live runs per policy, interleaved (gains: mean and s.e.)")
@@ -92,9 +134,10 @@ def register(sub: Any) -> None:
                    help="simulator ensemble: arrival jitter s.d. in seconds")
     p.add_argument("--sim-seeds", type=int, default=16,
                    help="simulator ensemble: jittered replays per policy")
-    p.add_argument("--overhead-from", choices=("jsq", "own"), default="jsq",
-                   help="calibrate the simulator's host overhead per step on the jsq runs "
-                        "(default; others out of sample) or on each policy's own runs")
+    p.add_argument("--overhead-from", choices=("baseline", "own", "jsq"), default="baseline",
+                   help="calibrate the simulator's host overhead per step on the baseline's "
+                        "runs (default; others out of sample; 'jsq' is its older name) or "
+                        "on each policy's own runs")
     p.add_argument("--resimulate", default=None, metavar="RESULT_JSON",
                    help="only redo the simulator side of an earlier result (to --out)")
     p.add_argument("--out", default="results/serve_bench.json")

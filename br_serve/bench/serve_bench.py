@@ -1,10 +1,13 @@
 """``bench-serve``: replay a trace against the live HTTP endpoint, beside the simulator.
 
-For each policy: deploy the graph (emulated engine, G replicas), replay the trace's
+For each planned run (a policy, or a named variant of one with its own options: see
+:func:`br_serve.config.plan.plan_policy_runs`): deploy the graph (emulated engine, G
+replicas, one set of step coefficients per replica if given), replay the trace's
 requests at their (time-scaled) arrival times as streaming ``/v1/completions`` calls,
 check every stream token by token against the emulated engine's deterministic output
-(lost requests, duplicated or missing tokens), read the barrier-measured counters from
-the scheduler; ``repeats`` times, policies interleaved. Then simulate the same trace and
+(lost requests, duplicated or missing tokens), read the barrier-measured counters and
+(for a policy that calibrates step costs online) the fitted step coefficients from the
+scheduler; ``repeats`` times, runs interleaved. Then simulate the same trace and
 configuration (exact and jittered, :mod:`br_serve.bench.serve_report`). Writes one JSON.
 
 Conventions shared with the simulator: a trace request with output ``o`` is sent with
@@ -24,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from br_serve.config.plan import PolicyRun
 from br_serve.engine.emulated import token_id, token_text
 from br_serve.serve.config import GraphConfig
 
@@ -107,6 +111,7 @@ def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, 
     handle.reset_stats.remote().result()
     wall = asyncio.run(_replay(cfg.port, reqs, timeout_s))
     stats = handle.stats.remote().result()
+    state = handle.state.remote().result()
     serve.delete(cfg.app_name)
     ok = [r for r in reqs if r.status == 200 and r.error is None and r.bad_tokens == 0]
     # decode-phase TPOT, as the simulator's: from the first decode token (index 1; index
@@ -128,6 +133,12 @@ def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, 
         "busy_steps": stats["steps"],
         "busy_s": stats["busy_s"],
         "model_busy_s": stats["model_busy_s"],
+        "mean_replica_load_tokens": stats["mean_replica_load_tokens"],
+        "mean_replica_running": stats["mean_replica_running"],
+        # the step coefficients the policy saw at the end (fitted online, or configured)
+        "step_coefficients": state["step_coefficients"],
+        "step_fit": ([r["step"] for r in state["replicas"]]
+                     if state["step_coefficients"] == "calibrated" else None),
         "requests": len(reqs),
         "requests_lost": len(reqs) - len(ok),
         "bad_tokens": sum(r.bad_tokens for r in reqs),
@@ -137,6 +148,30 @@ def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, 
         "tick_dispatch_share_of_step": td_per_step / step if step else None,
         "wall_s": wall,
     }
+
+
+def slowed(base: GraphConfig, replicas: list[int], factor: float) -> GraphConfig:
+    """``base`` whose emulated engines of ``replicas`` run ``factor`` times slower (all
+    of ``a``, ``b``, ``c``) than the configured step model says: a heterogeneous cluster
+    the operator did not describe (``emulated_step_factor``), e.g. half the replicas
+    1.5x slower. Only a policy that calibrates online sees it; the simulator runs it as
+    a drift from step 0. Repeated calls multiply.
+
+    Raises:
+        ValueError: a replica out of range or a factor that is not positive.
+    """
+    from br_serve.config.cluster import per_replica
+    from br_serve.serve.config import parse_graph_config
+
+    g = base.replicas
+    bad = [r for r in replicas if not 0 <= r < g]
+    if bad or factor <= 0:
+        raise ValueError(f"--slow: replicas must lie in 0..{g - 1} and the factor be > 0 "
+                         f"(got {replicas}, {factor})")
+    f = np.asarray(per_replica(base.emulated_step_factor, g), dtype=np.float64)
+    f[replicas] *= factor
+    return parse_graph_config(base.model_dump(),
+                              emulated_step_factor=tuple(float(x) for x in f))
 
 
 def load_workload(trace_path: str | None, limit: int, arrival_scale: float,
@@ -157,34 +192,59 @@ def load_workload(trace_path: str | None, limit: int, arrival_scale: float,
                        np.clip(tr.output_tokens, 1, max_output))
 
 
-def run_bench(base: GraphConfig, policies: list[str], trace: Any, out: Path,
-              timeout_s: float = 600.0, repeats: int = 1, jitter_s: float = 0.05,
-              seeds: int = 16, workload: dict[str, Any] | None = None,
-              overhead_from: str = "jsq") -> dict[str, Any]:
-    """Measure every policy ``repeats`` times (interleaved: jsq, br0, ..., jsq, br0, ...
-    so slow drifts of the host hit all policies alike), simulate each (see
-    :mod:`br_serve.bench.serve_report`), print a table, write ``out`` (JSON).
-    ``workload`` (the arguments that rebuilt ``trace``) is stored for ``--resimulate``."""
+def plan_runs(base: GraphConfig, entries: list[str], options: dict[str, Any]
+              ) -> list[tuple[PolicyRun, GraphConfig]]:
+    """Every planned run with its validated graph configuration (``base`` with the run's
+    policy, options and predictor; app name ``bench_<label>``).
+
+    Raises:
+        ConfigError: a bad entry or an option no listed policy has (named).
+        GraphConfigError: a run's configuration is invalid (named field).
+    """
+    from br_serve.config.plan import plan_policy_runs
+    from br_serve.serve.config import parse_graph_config
+
+    out = []
+    for run in plan_policy_runs(entries, options):
+        cfg = parse_graph_config(base.model_dump(), policy=run.policy,
+                                 policy_options=run.options, predictor=run.predictor,
+                                 app_name=f"bench_{run.label.replace('+', '_')}")
+        out.append((run, cfg))
+    return out
+
+
+def run_bench(base: GraphConfig, runs_planned: list[tuple[PolicyRun, GraphConfig]],
+              trace: Any, out: Path, timeout_s: float = 600.0, repeats: int = 1,
+              jitter_s: float = 0.05, seeds: int = 16,
+              workload: dict[str, Any] | None = None, overhead_from: str = "baseline",
+              baseline: str = "jsq") -> dict[str, Any]:
+    """Measure every planned run ``repeats`` times (interleaved: jsq, br0, ..., jsq,
+    br0, ... so slow drifts of the host hit all policies alike), simulate each (see
+    :mod:`br_serve.bench.serve_report`), print a table, write ``out`` (JSON). Gains are
+    over the run labelled ``baseline``. ``workload`` (the arguments that rebuilt
+    ``trace``) is stored for ``--resimulate``."""
     runs: list[dict[str, Any]] = []
     for rep in range(repeats):
-        for pol in policies:
-            cfg = base.model_copy(update={"policy": pol, "app_name": f"bench_{pol}"})
+        for run, cfg in runs_planned:
+            pol = run.label
             reqs = [_Req(i, float(trace.arrival_s[i]), int(trace.input_tokens[i]),
                          int(trace.output_tokens[i]) + 1, 10_000 + i)
                     for i in range(len(trace))]
             t = time.perf_counter()
             meas = _measure(cfg, reqs, timeout_s)
-            runs.append({"policy": pol, "repeat": rep, "measured": meas})
+            runs.append({"policy": pol, "policy_name": run.policy,
+                         "policy_options": run.options, "predictor": run.predictor,
+                         "repeat": rep, "measured": meas})
             print(f"{pol} (run {rep + 1}/{repeats}): {time.perf_counter() - t:.0f}s: "
                   f"{json.dumps({k: meas[k] for k in _PROGRESS_KEYS})}", flush=True)
     result = {"config": base.model_dump(exclude={"api_key"}), "workload": workload or {},
               "requests": len(trace), "repeats": repeats, "sim_jitter_s": jitter_s,
-              "sim_seeds": seeds, "runs": runs}
+              "sim_seeds": seeds, "baseline": baseline, "runs": runs}
     return report(result, trace, base, out, overhead_from)
 
 
 def report(result: dict[str, Any], trace: Any, base: GraphConfig, out: Path,
-           overhead_from: str = "jsq") -> dict[str, Any]:
+           overhead_from: str = "baseline") -> dict[str, Any]:
     """Simulate beside the measured ``result["runs"]``, print the table, write ``out``."""
     from br_serve.bench.serve_report import format_table, resimulate
 

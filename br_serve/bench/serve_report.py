@@ -5,9 +5,9 @@ of the live system change what the policies achieve, and both are modelled:
 - host overhead per step (RPCs, threads, the gloo all-reduce; ~20 ms on 2 shared
   cores): wall-clock steps are longer than the step model's, so more requests arrive
   per step and the pool is deeper, which gives BR-0 more choice. It is *calibrated*:
-  the mean (wall - model-priced) seconds per busy step of the baseline's (``jsq``)
-  runs, added to the step model's constant term; the other policies' runs are not
-  used, so their prediction is out of sample.
+  the mean (wall - model-priced) seconds per busy step of the baseline's runs
+  (``jsq`` unless ``baseline`` says otherwise), added to the step model's constant
+  term; the other policies' runs are not used, so their prediction is out of sample.
 - admission delay: an assignment takes effect one step later than in the paper's
   model (the tick follows the step's reports while the next step already runs; the
   KV pull overlaps it), ``admit_delay_steps = 1``.
@@ -58,18 +58,25 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
                  admit_delay_steps: int = 0) -> dict[str, Any]:
     """Simulate ``cfg`` (step and prefill models scaled by ``time_scale``) on ``trace``,
     with ``extra_step_s`` of host overhead per step; ``model_throughput_tok_s`` prices the
-    same steps without it."""
+    same steps without it. The engines' ``emulated_step_factor`` is a drift from step 0
+    (the simulated replicas run slower than the configured model says, as the live
+    ones do), with the overhead in ``b`` divided by it, so that it stays unslowed."""
     from br_serve.config import ClusterConfig
+    from br_serve.config.cluster import per_replica
     from br_serve.sim import parse_sim_config, simulate
 
     ts = cfg.time_scale
     a, b, c = (tuple(x * ts for x in v) for v in cfg.coefficients(cfg.replicas))
     shared = {k: getattr(cfg, k) for k in ClusterConfig.model_fields}
+    factor = per_replica(cfg.emulated_step_factor, cfg.replicas)
+    # the drift multiplies a replica's whole step; the host overhead is not slowed
+    b = tuple(x + extra_step_s / f for x, f in zip(b, factor, strict=True))
     scfg = parse_sim_config(**{
-        **shared, "step_a_s_per_token": a, "step_b_s": tuple(x + extra_step_s for x in b),
+        **shared, "step_a_s_per_token": a, "step_b_s": b,
         "step_c_s_per_request": c, "prefill_p0_s": cfg.prefill_p0_s * ts,
         "prefill_p1_s_per_token": cfg.prefill_p1_s_per_token * ts,
-        "pool_capacity": cfg.pool_capacity, "admit_delay_steps": admit_delay_steps})
+        "pool_capacity": cfg.pool_capacity, "admit_delay_steps": admit_delay_steps,
+        "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)})
     s = simulate(trace, scfg).summary()
     out = {k: s.get(k) for k in _SIM_KEYS}
     thr, tok = s["throughput_tok_s"], s["tokens_generated"]
@@ -94,6 +101,17 @@ _ENSEMBLE_KEYS = ("throughput_tok_s", "model_throughput_tok_s", "mean_imbalance_
 GRAPH_ADMIT_DELAY_STEPS = 1
 
 
+def run_config(base: GraphConfig, run: dict[str, Any]) -> GraphConfig:
+    """The graph configuration one measured run used: ``base`` with the run's policy,
+    options and predictor (``run["policy"]`` is its label; results written before
+    variants existed hold the policy name there and nothing else)."""
+    from br_serve.serve.config import parse_graph_config
+
+    return parse_graph_config(base.model_dump(), policy=run.get("policy_name", run["policy"]),
+                              policy_options=run.get("policy_options", {}),
+                              predictor=run.get("predictor"))
+
+
 def host_overhead_s(runs: list[dict[str, Any]], policy: str | None = None) -> float:
     """Mean (wall - model-priced) seconds per busy step over the measured runs (of
     ``policy`` only, if given and measured)."""
@@ -105,32 +123,35 @@ def host_overhead_s(runs: list[dict[str, Any]], policy: str | None = None) -> fl
 
 
 def resimulate(result: dict[str, Any], trace: Any, base: GraphConfig,
-               overhead_from: str = "jsq") -> dict[str, Any]:
+               overhead_from: str = "baseline") -> dict[str, Any]:
     """Add the simulator's side to ``result`` (which holds the measured ``runs``):
-    the calibrated ``simulated`` ensemble, the ``paper`` one, and the gains.
+    the calibrated ``simulated`` ensemble, the ``paper`` one, and the gains over
+    ``result["baseline"]`` (a run label; ``jsq`` if absent).
 
-    ``overhead_from``: ``"jsq"`` calibrates one host overhead on the baseline's runs
-    (the other policies stay out of sample); ``"own"`` gives each policy the overhead
-    measured in its own runs (a sensitivity check: the overhead is not policy-neutral,
-    see docs/serving.md)."""
-    if overhead_from not in ("jsq", "own"):
-        raise ValueError(f"overhead_from: 'jsq' or 'own' (got {overhead_from!r})")
+    ``overhead_from``: ``"baseline"`` (or its older name ``"jsq"``) calibrates one host
+    overhead on the baseline's runs (the other policies stay out of sample); ``"own"``
+    gives each policy the overhead measured in its own runs (a sensitivity check: the
+    overhead is not policy-neutral, see docs/serving.md)."""
+    if overhead_from not in ("baseline", "jsq", "own"):
+        raise ValueError(f"overhead_from: 'baseline' or 'own' (got {overhead_from!r})")
     runs = result["runs"]
+    baseline = result.get("baseline", "jsq")
     jitter_s, seeds = result["sim_jitter_s"], result["sim_seeds"]
     pols = list(dict.fromkeys(r["policy"] for r in runs))
-    overhead = {p: host_overhead_s(runs, "jsq" if overhead_from == "jsq" else p)
+    overhead = {p: host_overhead_s(runs, p if overhead_from == "own" else baseline)
                 for p in pols}
     # one set of jittered replays for every policy and both models: the pairing
     replays = [jittered(trace, jitter_s, s) for s in range(1, seeds + 1)]
     sims, paper = {}, {}
     for pol in pols:
-        cfg = base.model_copy(update={"policy": pol})
+        cfg = run_config(base, next(r for r in runs if r["policy"] == pol))
         sims[pol] = simulate_ensemble(trace, replays, cfg, overhead[pol],
                                       GRAPH_ADMIT_DELAY_STEPS)
         paper[pol] = simulate_ensemble(trace, replays, cfg)
-    return {**result, "overhead_from": overhead_from, "host_overhead_s": overhead,
-            "admit_delay_steps": GRAPH_ADMIT_DELAY_STEPS, "simulated": sims,
-            "simulated_paper": paper, "gains": gains(runs, sims, paper)}
+    return {**result, "baseline": baseline, "overhead_from": overhead_from,
+            "host_overhead_s": overhead, "admit_delay_steps": GRAPH_ADMIT_DELAY_STEPS,
+            "simulated": sims, "simulated_paper": paper,
+            "gains": gains(runs, sims, paper, baseline)}
 
 
 def _stats(xs: list[float]) -> dict[str, Any]:
@@ -147,11 +168,12 @@ def _pct(new: list[float], old: list[float]) -> list[float]:
 
 
 def gains(runs: list[dict[str, Any]], sims: dict[str, Any],
-          paper: dict[str, Any]) -> dict[str, Any]:
-    """Gain of every policy over ``jsq``: measured per repeat (paired within a repeat),
-    simulated per jittered seed (paired within a seed); means, spreads, differences."""
+          paper: dict[str, Any], baseline: str = "jsq") -> dict[str, Any]:
+    """Gain of every run label over ``baseline``: measured per repeat (paired within a
+    repeat), simulated per jittered seed (paired within a seed); means, spreads,
+    differences. Keys are ``<label>_over_<baseline>``."""
     pols = list(dict.fromkeys(r["policy"] for r in runs))
-    if "jsq" not in pols:
+    if baseline not in pols:
         return {}
 
     def series(pol: str, key: str) -> list[float]:
@@ -159,29 +181,30 @@ def gains(runs: list[dict[str, Any]], sims: dict[str, Any],
             (r for r in runs if r["policy"] == pol), key=lambda r: r["repeat"])]
 
     out: dict[str, Any] = {}
+    ref = baseline
     for pol in pols:
-        if pol == "jsq":
+        if pol == ref:
             continue
         g: dict[str, Any] = {}
         for view, key in (("wall", "throughput_tok_s"), ("model", "model_throughput_tok_s")):
-            mine, base = series(pol, key), series("jsq", key)
+            mine, base = series(pol, key), series(ref, key)
             n = min(len(mine), len(base))
             g[f"measured_{view}"] = _stats(_pct(mine[:n], base[:n]))
-            if pol in sims and "jsq" in sims:
-                g[f"sim_{view}"] = _stats(_pct(sims[pol][key], sims["jsq"][key]))
+            if pol in sims and ref in sims:
+                g[f"sim_{view}"] = _stats(_pct(sims[pol][key], sims[ref][key]))
                 m, p = g[f"measured_{view}"]["mean"], g[f"sim_{view}"]["mean"]
                 if m is not None and p is not None:
                     g[f"{view}_difference_pp"] = m - p
-        if pol in paper and "jsq" in paper:
+        if pol in paper and ref in paper:
             g["paper"] = _stats(_pct(paper[pol]["throughput_tok_s"],
-                                     paper["jsq"]["throughput_tok_s"]))
+                                     paper[ref]["throughput_tok_s"]))
             g["paper_point_pct"] = 100.0 * (paper[pol]["point"]["throughput_tok_s"]
-                                            / paper["jsq"]["point"]["throughput_tok_s"] - 1.0)
+                                            / paper[ref]["point"]["throughput_tok_s"] - 1.0)
         # the goal is on the measured gain: wall-clock throughput. The model-priced
         # difference is a diagnostic (it isolates balance from host overhead)
         d = g.get("wall_difference_pp")
         g["within_goal"] = d is not None and abs(d) <= GOAL_PP
-        out[f"{pol}_over_jsq"] = g
+        out[f"{pol}_over_{ref}"] = g
     return out
 
 
@@ -223,8 +246,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"Simulator: mean over {result.get('sim_seeds')} jittered replays "
         f"({result.get('sim_jitter_s')} s), admission delay "
         f"{result.get('admit_delay_steps')} step, host overhead ms/step ({ov_text}) "
-        f"calibrated on the {'jsq' if result.get('overhead_from') == 'jsq' else 'own'} "
-        "runs.")
+        f"calibrated on the {_overhead_runs(result)} runs.")
     for k, g in result["gains"].items():
         n = len(g["measured_wall"]["values"])
         lines.append(
@@ -236,4 +258,56 @@ def format_table(result: dict[str, Any]) -> str:
             f"{GOAL_PP:g} pp of the simulator's: {'yes' if g['within_goal'] else 'NO'}. "
             f"(Paper model, no overhead or delay: "
             f"{pm(g.get('paper'))}, exact trace {f(g.get('paper_point_pct'), 2)}%.)")
+    lines.extend(format_step_fits(result))
     return "\n".join(lines)
+
+
+def _overhead_runs(result: dict[str, Any]) -> str:
+    if result.get("overhead_from") == "own":
+        return "own"
+    return str(result.get("baseline", "jsq"))
+
+
+def format_step_fits(result: dict[str, Any]) -> list[str]:
+    """Per run label that calibrated step costs online: every replica's true step
+    coefficients (the emulated engine's: configured x ``emulated_step_factor`` x
+    ``time_scale``) beside the fit the scheduler held at the end of the run (mean over
+    repeats), and both models' time of a step at the run's mean replica load and
+    running requests."""
+    cfg = result.get("config", {})
+    g = int(cfg.get("replicas", 0))
+    if not g:
+        return []
+    from br_serve.serve.config import parse_graph_config
+
+    base = parse_graph_config(cfg)
+    ts = base.time_scale
+    a, b, c = (np.asarray(x) * ts for x in base.emulated_coefficients())
+    out: list[str] = []
+    for pol in dict.fromkeys(r["policy"] for r in result["runs"]):
+        fits = [r["measured"]["step_fit"] for r in result["runs"]
+                if r["policy"] == pol and r["measured"].get("step_fit")]
+        if not fits:
+            continue
+
+        def mean(key: str, fits: list[Any] = fits) -> np.ndarray:
+            out: np.ndarray = np.mean([[f[k][key] for k in range(g)] for f in fits], axis=0)
+            return out
+
+        fa, fb, fc = mean("a_s_per_token"), mean("b_s"), mean("c_s_per_request")
+        res, steps = mean("residual_scale_s"), mean("steps")
+        ms = [r["measured"] for r in result["runs"] if r["policy"] == pol]
+        load = float(np.mean([m.get("mean_replica_load_tokens", 0.0) for m in ms]))
+        n = float(np.mean([m.get("mean_replica_running", 0.0) for m in ms]))
+        out += ["", f"Step coefficients of {pol} (true: the emulated engine's x time_scale "
+                f"{ts:g}; fitted: the scheduler's at the end of the run, mean of {len(fits)}):",
+                "", "| replica | a s/token true / fit | b s true / fit | c s/request true / fit "
+                f"| step ms at {load:,.0f} tokens, {n:.1f} requests true / fit | residual ms "
+                "| steps |", "|---|---|---|---|---|---|---|"]
+        for k in range(g):
+            t_true = a[k] * load + c[k] * n + b[k]
+            t_fit = fa[k] * load + fc[k] * n + fb[k]
+            out.append(f"| {k} | {a[k]:.3g} / {fa[k]:.3g} | {b[k]:.4f} / {fb[k]:.4f} | "
+                       f"{c[k]:.3g} / {fc[k]:.3g} | {1e3 * t_true:.1f} / {1e3 * t_fit:.1f} | "
+                       f"{1e3 * res[k]:.2f} | {steps[k]:.0f} |")
+    return out

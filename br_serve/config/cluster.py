@@ -14,12 +14,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from br_serve.core.options import ConfigError, Options, as_dict
-from br_serve.core.policy import parse_policy_options, policy_class, predictor_horizon
+from br_serve.core.policy import (
+    PolicyNeeds,
+    parse_policy_options,
+    policy_class,
+    predictor_horizon,
+)
 
 Coef = float | tuple[float, ...]
 
 
-def _per_replica(v: Coef, g: int) -> tuple[float, ...]:
+def per_replica(v: Coef, g: int) -> tuple[float, ...]:
+    """One value per replica: ``v`` itself if it is one per replica, else ``g`` copies."""
     return tuple(v) if isinstance(v, tuple) else (float(v),) * g
 
 
@@ -58,9 +64,9 @@ class StepModel(BaseModel):
     def coefficients(self, replicas: int) -> tuple[tuple[float, ...], tuple[float, ...],
                                                    tuple[float, ...]]:
         """``(a, b, c)``, each one value per replica."""
-        return (_per_replica(self.step_a_s_per_token, replicas),
-                _per_replica(self.step_b_s, replicas),
-                _per_replica(self.step_c_s_per_request, replicas))
+        return (per_replica(self.step_a_s_per_token, replicas),
+                per_replica(self.step_b_s, replicas),
+                per_replica(self.step_c_s_per_request, replicas))
 
 
 class PrefillModel(BaseModel):
@@ -156,6 +162,11 @@ class ClusterConfig(StepModel, PrefillModel):
     def policy_options_obj(self) -> Options:
         """The validated options object of :attr:`policy`."""
         return parse_policy_options(self.policy, self.policy_options)
+
+    def policy_needs(self) -> PolicyNeeds:
+        """What :attr:`policy` needs under its options (``needs_for``): e.g. whether a
+        driver must calibrate step coefficients online for it."""
+        return policy_class(self.policy).needs_for(self.policy_options_obj())
 
     def predictor_horizon(self) -> int | None:
         """The window the policy asks its predictor about (None: it uses no predictor)."""

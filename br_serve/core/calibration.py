@@ -28,12 +28,13 @@ conditioned alike. Pure numpy; the clock and everything else is the caller's.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from br_serve.core.types import FloatArray
+from br_serve.core.types import ClusterSnapshot, FloatArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,3 +197,17 @@ class StepCalibrator:
         """The robust scale of each replica's recent residuals (seconds)."""
         out: FloatArray = self._abs_res.copy()
         return out
+
+
+def _frozen(a: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    out = np.array(a, dtype=np.float64, copy=True)
+    out.flags.writeable = False
+    return out
+
+
+def with_coefficients(snap: ClusterSnapshot, coef: Coefficients) -> ClusterSnapshot:
+    """``snap`` with the fitted step coefficients in place of the configured ones (what
+    a driver hands a policy that needs calibrated step costs)."""
+    return dataclasses.replace(snap, step_a_s_per_token=_frozen(coef.a_s_per_token),
+                               step_b_s=_frozen(coef.b_s),
+                               step_c_s_per_request=_frozen(coef.c_s_per_request))

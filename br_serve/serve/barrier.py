@@ -2,8 +2,8 @@
 
 A :class:`Barrier` is one *generation* of the group: ``world`` ranks (the alive decode
 replicas, in ``members`` order) connected through a torch.distributed store hosted by
-rank 0. Every step each rank contributes its own ``(load_tokens, running, reports)``
-row; rank 0 gathers the ``(world, 3)`` matrix and broadcasts it back, so the step
+rank 0. Every step each rank contributes its own row ``(load_tokens, running, reports,
+compute_s)``; rank 0 gathers the ``(world, 4)`` matrix and broadcasts it back, so the step
 cannot end before the slowest replica arrives (nobody leaves the broadcast before rank
 0 has heard from all), and every rank learns the loads at the barrier (and which
 members report this step, so that rank 0 can tell the scheduler whose reports to wait
@@ -22,6 +22,9 @@ import datetime
 from typing import Any
 
 import numpy as np
+
+#: columns of a barrier row: load_tokens, running, reports, compute_s
+ROW = 4
 
 
 class BarrierError(RuntimeError):
@@ -87,9 +90,11 @@ class Barrier:
         except _DIST_ERRORS as exc:
             raise BarrierError(f"barrier gen {generation}: join failed: {exc}") from exc
 
-    def exchange(self, load_tokens: int, running: int, reports: int = 0) -> np.ndarray:
-        """Exchange this rank's row; returns the ``(world, 3)`` int64 matrix of all rows
-        ``(load_tokens, running, reports)``.
+    def exchange(self, load_tokens: int, running: int, reports: int = 0,
+                 compute_s: float = 0.0) -> np.ndarray:
+        """Exchange this rank's row; returns the ``(world, 4)`` float64 matrix of all rows
+        ``(load_tokens, running, reports, compute_s)`` (the first three are integers,
+        exact in float64).
 
         Raises:
             BarrierError: the collective failed or timed out.
@@ -99,18 +104,18 @@ class Barrier:
             if self._default:  # accelerator backends: one all-reduce on the default group
                 import torch.distributed as dist
 
-                t = torch.zeros((self.world, 3), dtype=torch.float64)
-                t[self.rank] = torch.tensor([load_tokens, running, reports],
+                t = torch.zeros((self.world, ROW), dtype=torch.float64)
+                t[self.rank] = torch.tensor([load_tokens, running, reports, compute_s],
                                             dtype=torch.float64)
                 dist.all_reduce(t)
             else:
-                t = self._gather_broadcast(torch.tensor([load_tokens, running, reports],
-                                                        dtype=torch.float64))
+                t = self._gather_broadcast(torch.tensor(
+                    [load_tokens, running, reports, compute_s], dtype=torch.float64))
         except _DIST_ERRORS as exc:
             raise BarrierError(f"barrier gen {self.generation}: exchange failed: {exc}"
                                ) from exc
         self.steps += 1
-        out: np.ndarray = t.numpy().astype(np.int64)
+        out: np.ndarray = t.numpy().copy()
         return out
 
     def _gather_broadcast(self, row: Any) -> Any:
@@ -120,12 +125,12 @@ class Barrier:
         gather = dist.GatherOptions()
         gather.rootRank = 0
         if self.rank == 0:
-            rows = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world)]
+            rows = [torch.zeros(ROW, dtype=torch.float64) for _ in range(self.world)]
             self._pg.gather([rows], [row], gather).wait(self._op_timeout)
             mat = torch.stack(rows)
         else:
             self._pg.gather([], [row], gather).wait(self._op_timeout)
-            mat = torch.zeros((self.world, 3), dtype=torch.float64)
+            mat = torch.zeros((self.world, ROW), dtype=torch.float64)
         bcast = dist.BroadcastOptions()
         bcast.rootRank, bcast.rootTensor = 0, 0
         self._pg.broadcast([mat], bcast).wait(self._op_timeout)

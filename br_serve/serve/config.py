@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from br_serve.config import ClusterConfig, validated
+from br_serve.config.cluster import Coef, per_replica
 from br_serve.engine.factory import EngineSpec, EngineTiming
 
 #: Environment variable read for the API key when no ``api_key`` argument is given.
@@ -71,10 +72,30 @@ class GraphConfig(ClusterConfig, EngineSpec):
     api_key: str | None = None
     """When set (or ``BR_SERVE_API_KEY`` is), every endpoint but ``/health`` needs
     ``Authorization: Bearer <key>``."""
+    emulated_step_factor: Coef = 1.0
+    """emulated: multiplies replica ``g``'s modelled step time (``a``, ``b``, ``c``) in its
+    engine only: a heterogeneity the configured step model does not describe (a slower
+    host, throttling), which only online calibration (``cost=time``) can see. One value
+    or one per replica; 1: the engines run the configured model."""
     barrier_timeout_s: float = Field(default=10.0, gt=0)
     """Bound on one collective: a dead peer is detected within it."""
     namespace: str = "br_serve"
     """Ray namespace of the named actors."""
+
+    @field_validator("emulated_step_factor", mode="before")
+    @classmethod
+    def _factor_list(cls, v: Any) -> Any:
+        if isinstance(v, str) and "," in v:  # "1,1,1.5,1.5" from a command line
+            return tuple(x.strip() for x in v.split(",") if x.strip())
+        return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("emulated_step_factor")
+    @classmethod
+    def _positive_factor(cls, v: Coef) -> Coef:
+        vals = v if isinstance(v, tuple) else (v,)
+        if not vals or any(x <= 0 for x in vals):
+            raise ValueError("must be > 0 (one value, or one per replica)")
+        return v
 
     @field_validator("api_key")
     @classmethod
@@ -92,6 +113,14 @@ class GraphConfig(ClusterConfig, EngineSpec):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("expected host:port with a port in 1..65535")
         return v
+
+    @model_validator(mode="after")
+    def _factor_per_replica(self) -> GraphConfig:
+        v = self.emulated_step_factor
+        if isinstance(v, tuple) and len(v) != self.replicas:
+            raise ValueError(f"emulated_step_factor: {len(v)} values for {self.replicas} "
+                             "replicas")
+        return self
 
     @model_validator(mode="after")
     def _live_predictor(self) -> GraphConfig:
@@ -134,10 +163,20 @@ class GraphConfig(ClusterConfig, EngineSpec):
         """The builder argument, else the environment variable, else no key."""
         return self.api_key or os.environ.get(API_KEY_ENV) or None
 
+    def emulated_coefficients(self) -> tuple[tuple[float, ...], tuple[float, ...],
+                                             tuple[float, ...]]:
+        """``(a, b, c)`` per replica as the emulated engines run them (unscaled): the
+        configured step model times :attr:`emulated_step_factor`."""
+        f = per_replica(self.emulated_step_factor, self.replicas)
+        a, b, c = self.coefficients(self.replicas)
+        return (tuple(x * y for x, y in zip(a, f, strict=True)),
+                tuple(x * y for x, y in zip(b, f, strict=True)),
+                tuple(x * y for x, y in zip(c, f, strict=True)))
+
     def engine_timing(self, replica: int) -> EngineTiming:
         """The emulated engine's durations for decode replica ``replica`` (or a prefill
         worker: pass 0), unscaled (the engine applies ``time_scale``)."""
-        a, b, c = self.coefficients(self.replicas)
+        a, b, c = self.emulated_coefficients()
         return EngineTiming(a[replica], b[replica], c[replica], self.prefill_p0_s,
                             self.prefill_p1_s_per_token)
 

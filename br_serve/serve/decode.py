@@ -15,10 +15,13 @@ Contracts:
   ends finished or dropped in a later report (:mod:`br_serve.serve.replica_book`).
 - Every KV handle ``admit`` pulls (or fails to pull) is released once, through the lease.
 - Every step ends in ``Barrier.exchange`` of the (load, running) each member computed
-  that step with, and whether it reports this step. A replica reports (fire-and-forget)
-  only what changed (installed, finished, dropped requests; the scheduler's mirror
-  advances running requests itself) plus a periodic full state; the group's rank 0
-  reports every busy step with the exchanged rows of all members
+  that step with, whether it reports this step, and the compute time it measured for
+  the step (``engine.step()`` alone, not the barrier wait, which is the others' time).
+  When the policy calibrates step costs online, rank 0's report carries every
+  member's compute time (``barrier_compute_s``); otherwise it is left out. A replica
+  reports (fire-and-forget) only what changed (installed, finished, dropped requests;
+  the scheduler's mirror advances running requests itself) plus a periodic full state;
+  the group's rank 0 reports every busy step with the exchanged rows of all members
   (:class:`ReportClock`, :class:`ReplicaReport`). A group with nothing to run waits
   for admissions instead of stepping idle.
 - Events for a request go to the outbox of its ``owner`` (an ingress replica), which
@@ -82,6 +85,9 @@ class DecodeReplica:
                              find_keeper=lambda: get_keeper(self.cfg.app_name,
                                                             self.cfg.namespace, 5.0))
         self.backend = collective_backend_for(self.cfg.device)
+        #: whether rank 0's reports carry every member's step compute time (only the
+        #: scheduler's online calibration reads it)
+        self._report_compute = self.cfg.policy_needs().calibrated_step_costs
         self._lock = threading.Lock()
         self._wake_step = threading.Condition(self._lock)
         self.book = ReplicaBook(self.cfg.slots)
@@ -293,7 +299,7 @@ class DecodeReplica:
         flag, full = self._clock.decide(news=bool(finished or dropped or started),
                                         barrier_step=barrier.steps + 1, now_s=t1)
         try:
-            rows = barrier.exchange(step_load, step_running, int(flag))
+            rows = barrier.exchange(step_load, step_running, int(flag), t1 - t0)
         except BarrierError as exc:
             log.warning("replica %d: %s", self.index, exc)
             rows = None
@@ -310,7 +316,8 @@ class DecodeReplica:
         group_rows = rows if rows is not None and barrier.rank == 0 else None
         rep = build_report(self.index, self.incarnation, self.engine, self._step, barrier,
                            group_rows, finished, dropped, started,
-                           full=True, compute_s=t1 - t0, barrier_s=t2 - t1)
+                           full=True, compute_s=t1 - t0, barrier_s=t2 - t1,
+                           with_compute=self._report_compute)
         self._last = rep
         if flag or (group_rows is not None and bool(group_rows[:, 1].any())):
             if not full:

@@ -128,8 +128,10 @@ class ReplicaReport:
     carry the step's all-reduce for every member of ``members`` (replica indices, rank
     order): ``barrier_loads`` (the load each member's step computed with),
     ``barrier_running`` (its running requests, i.e. the tokens it produced) and
-    ``barrier_flags`` (1 where that member sends a report for this step); other
-    members leave the three empty.
+    ``barrier_flags`` (1 where that member sends a report for this step) and, when the
+    policy calibrates step costs online, ``barrier_compute_s`` (the compute time each
+    member measured for this step, barrier wait excluded); other members leave them
+    empty.
     """
 
     replica: int
@@ -151,3 +153,4 @@ class ReplicaReport:
     barrier_step: int = 0
     full: bool = True
     barrier_flags: tuple[int, ...] = ()
+    barrier_compute_s: tuple[float, ...] = ()

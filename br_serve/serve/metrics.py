@@ -7,13 +7,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from br_serve.core.calibration import Coefficients
+
 _MS_BOUNDS: list[float] = [1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000,
                            5000, 10000]
 _TOKEN_BOUNDS: list[float] = [1, 1e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6]
 
 
 class SchedulerMetrics:
-    """Per-replica load, imbalance per step, pool size, tick latency."""
+    """Per-replica load, imbalance per step, pool size, tick latency, and (when the
+    policy calibrates step costs online) each replica's fitted step coefficients and
+    the robust scale of its residuals."""
 
     def __init__(self) -> None:
         from ray.util import metrics
@@ -28,11 +35,32 @@ class SchedulerMetrics:
             boundaries=_TOKEN_BOUNDS)
         self.tick_ms = metrics.Histogram("br_tick_latency_ms",
                                          "scheduler tick + dispatch time", boundaries=_MS_BOUNDS)
+        tags = ("replica",)
+        self.coef_a = metrics.Gauge("br_step_coef_a_s_per_token",
+                                    "fitted step seconds per KV token of a replica's load",
+                                    tag_keys=tags)
+        self.coef_b = metrics.Gauge("br_step_coef_b_s", "fitted step seconds per step",
+                                    tag_keys=tags)
+        self.coef_c = metrics.Gauge("br_step_coef_c_s_per_request",
+                                    "fitted step seconds per running request", tag_keys=tags)
+        self.coef_residual = metrics.Gauge(
+            "br_step_residual_scale_s", "robust scale of the step-time fit's residuals",
+            tag_keys=tags)
 
     def replica(self, g: int, load_tokens: int, running: int) -> None:
         tags = {"replica": str(g)}
         self.load.set(load_tokens, tags=tags)
         self.running.set(running, tags=tags)
+
+    def step_coefficients(self, coef: Coefficients, residual_scale_s: npt.ArrayLike) -> None:
+        """Every replica's fit and its residual scale (seconds, one per replica)."""
+        resid = [float(x) for x in np.asarray(residual_scale_s).ravel()]
+        for g in range(len(coef.a_s_per_token)):
+            tags = {"replica": str(g)}
+            self.coef_a.set(float(coef.a_s_per_token[g]), tags=tags)
+            self.coef_b.set(float(coef.b_s[g]), tags=tags)
+            self.coef_c.set(float(coef.c_s_per_request[g]), tags=tags)
+            self.coef_residual.set(resid[g], tags=tags)
 
 
 class IngressMetrics:

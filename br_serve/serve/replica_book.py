@@ -220,10 +220,12 @@ class ReportClock:
 def build_report(index: int, incarnation: str, engine: DecodeEngine, step: int,
                  barrier: Any, rows: Any, finished: list[tuple[str, int]],
                  dropped: list[str], started: list[str], *, full: bool = True,
-                 compute_s: float = 0.0, barrier_s: float = 0.0) -> ReplicaReport:
+                 compute_s: float = 0.0, barrier_s: float = 0.0,
+                 with_compute: bool = False) -> ReplicaReport:
     """The replica's report after ``step`` (``rows``: the exchanged barrier matrix when
     this replica is the group's rank 0, else None). ``full``: every running row, else
-    only the ``started`` ones still running."""
+    only the ``started`` ones still running. ``with_compute``: rank 0's report carries
+    every member's measured compute time (the rows' fourth column)."""
     ids = tuple(engine.running_ids()) if full else tuple(
         r for r in started if r in set(engine.running_ids()))
     return ReplicaReport(
@@ -237,6 +239,8 @@ def build_report(index: int, incarnation: str, engine: DecodeEngine, step: int,
         barrier_loads=() if rows is None else tuple(int(x) for x in rows[:, 0]),
         barrier_running=() if rows is None else tuple(int(x) for x in rows[:, 1]),
         barrier_flags=() if rows is None else tuple(int(x) for x in rows[:, 2]),
+        barrier_compute_s=(tuple(float(x) for x in rows[:, 3])
+                           if rows is not None and with_compute else ()),
         compute_s=compute_s, barrier_s=barrier_s, dropped_ids=tuple(dropped),
         incarnation=incarnation, barrier_step=barrier.steps, full=full)
 

@@ -10,7 +10,12 @@
 - the barrier **membership** (:class:`Membership`);
 - the **policy** (built by the caller) and the predictor it learns from (feedback of
   every finished request);
-- the step counters (:class:`StepStats`).
+- the step counters (:class:`StepStats`);
+- when the policy needs calibrated step costs, the **step calibrator**
+  (:class:`StepCalibrator`): rank 0's per-step report carries every member's
+  ``(load, running, measured compute time)`` of the step, which it fits per replica;
+  the policy then sees the fitted coefficients in its snapshot (as in the simulator).
+  Without it nothing of this runs.
 
 The scheduler actor (:mod:`br_serve.serve.scheduler`) feeds it RPCs and replica
 answers and carries out the :class:`Dispatch` list each :meth:`SchedulerCore.tick`
@@ -28,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from br_serve.core import FinishedRequests, PolicyBase, PoolFullError, PoolRequest, PromptPool
+from br_serve.core.calibration import Coefficients, StepCalibrator, with_coefficients
 from br_serve.core.predictor import TerminationPredictor
 from br_serve.serve.membership import Membership
 from br_serve.serve.messages import Admission, AdmitReply, ReplicaReport
@@ -61,13 +67,21 @@ class ReportOutcome:
 class SchedulerCore:
     """See the module docstring. ``step_model`` is ``(a, b, c)`` (seconds per token, per
     step, per request; scalars or one per replica) with which the step counters price
-    each measured step; ``clock`` gives seconds (enqueue stamps, ``now_s``)."""
+    each measured step; ``clock`` gives seconds (enqueue stamps, ``now_s``).
+    ``calibrator``: fit every replica's step coefficients from the measured steps and
+    give the policy the fit instead of ``step_model`` (see :func:`make_calibrator`).
+    ``price_model``: what the step counters price measured steps with, when the engines
+    run another model than the configured one (emulated heterogeneity); default
+    ``step_model``."""
 
     def __init__(self, replicas: int, slots: int, pool_capacity: int,
                  step_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike],
                  policy: PolicyBase[Any], detail: bool,
                  predictor: TerminationPredictor | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 calibrator: StepCalibrator | None = None,
+                 price_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike] | None = None
+                 ) -> None:
         self.g = replicas
         self.pool = PromptPool(pool_capacity)
         self.admissions: dict[str, Admission] = {}
@@ -79,6 +93,13 @@ class SchedulerCore:
         self.detail = detail
         self.predictor = predictor
         self.stats = StepStats()
+        if calibrator is not None and calibrator.g != replicas:
+            raise ValueError(f"calibrator: fits {calibrator.g} replicas, not {replicas}")
+        self.calibrator = calibrator
+        pa, pb, pc = step_model if price_model is None else price_model
+        self._price = tuple(np.broadcast_to(np.asarray(x, dtype=np.float64), (replicas,))
+                            for x in (pa, pb, pc))
+        self._coef: Coefficients | None = None  # the fit, until the next measured step
         self.ticks = 0
         #: when the last tick asked to be run again (``TickResult.retick_s``, the
         #: policy's clock: :meth:`now_s`), even if nothing else changes; None: no ask
@@ -128,6 +149,9 @@ class SchedulerCore:
             return []
         t0 = time.perf_counter()
         snap = self.mirror.snapshot(self.detail)
+        coef = self.coefficients()
+        if coef is not None:
+            snap = with_coefficients(snap, coef)
         res = self.policy.schedule(snap, self.pool, self.now_s(), self.ticks)
         self.ticks += 1
         self.retick_s = res.retick_s  # a held request: the driver ticks again by then
@@ -180,12 +204,38 @@ class SchedulerCore:
             loads = np.asarray(rep.barrier_loads, dtype=np.int64)
             running = np.asarray(rep.barrier_running, dtype=np.int64)
             members = np.asarray(rep.members, dtype=np.int64)
-            st = self.mirror.state
-            model_s = float((st.step_a[members] * loads + st.step_c[members] * running
-                             + st.step_b[members]).max())
+            pa, pb, pc = self._price
+            model_s = float((pa[members] * loads + pc[members] * running
+                             + pb[members]).max())
             imb = self.stats.record_step(loads, int(sum(rep.barrier_running)),
                                          rep.compute_s + rep.barrier_s, model_s)
+            if self.calibrator is not None and len(rep.barrier_compute_s) == len(members):
+                self._calibrate(members, loads, running, rep.barrier_compute_s)
         return ReportOutcome(self.members.step_complete(rep), imb)
+
+    def _calibrate(self, members: npt.NDArray[np.int64], loads: npt.NDArray[np.int64],
+                   running: npt.NDArray[np.int64], compute_s: tuple[float, ...]) -> None:
+        """One step of every member into the calibrator. A member that ran nothing is
+        left out (an engine may skip the forward pass then, and the fit prices the steps
+        that run requests: what admitting one costs), and so is one marked dead."""
+        assert self.calibrator is not None
+        g = self.g
+        load, cnt, t = np.zeros(g), np.zeros(g), np.full(g, np.nan)
+        use = np.zeros(g, dtype=bool)
+        load[members], cnt[members] = loads, running
+        t[members] = compute_s
+        use[members] = running > 0
+        use &= self.mirror.alive()
+        self.calibrator.update(load, cnt, t, mask=use)
+        self._coef = None
+
+    def coefficients(self) -> Coefficients | None:
+        """The calibrator's current fit (None without a calibrator)."""
+        if self.calibrator is None:
+            return None
+        if self._coef is None:
+            self._coef = self.calibrator.coefficients()
+        return self._coef
 
     def mark_dead(self, g: int) -> list[str]:
         """Replica ``g`` is gone: its unanswered dispatches go back to the pool. Returns
@@ -206,15 +256,43 @@ class SchedulerCore:
 
     # -- views ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """Per-replica load/running/free slots, pool, membership (``/v1/br/state``)."""
+        """Per-replica load/running/free slots and step coefficients, pool, membership
+        (``/v1/br/state``).
+
+        ``step_coefficients`` says which coefficients the policy sees: ``calibrated``
+        (each replica's ``step`` holds the online fit: ``a_s_per_token``, ``b_s``,
+        ``c_s_per_request``, ``residual_scale_s``, the ``steps`` it has seen and whether
+        it counts as ``calibrated``) or ``configured`` (the step model, as given)."""
         st = self.mirror.state
         loads, running, free = st.load_tokens(), st.running_requests(), st.free_slots()
+        coef = self.coefficients()
+        resid = None if self.calibrator is None else self.calibrator.residual_scale_s()
+
+        def step(g: int) -> dict[str, Any]:
+            if coef is None or resid is None:
+                return {"a_s_per_token": float(st.step_a[g]), "b_s": float(st.step_b[g]),
+                        "c_s_per_request": float(st.step_c[g])}
+            return {"a_s_per_token": float(coef.a_s_per_token[g]),
+                    "b_s": float(coef.b_s[g]), "c_s_per_request": float(coef.c_s_per_request[g]),
+                    "residual_scale_s": float(resid[g]), "steps": int(coef.steps[g]),
+                    "calibrated": bool(coef.calibrated[g])}
+
         return {
             "generation": self.members.generation, "members": list(self.members.members),
             "pool_size": len(self.pool), "pool_capacity": self.pool.capacity,
             "tick": self.ticks, "in_flight": self.mirror.inflight_count(),
             "recent_mean_imbalance_tokens": self.stats.recent_mean_imbalance(),
+            "step_coefficients": "configured" if coef is None else "calibrated",
             "replicas": [{"replica": g, "alive": bool(st.alive[g]),
                           "load_tokens": int(loads[g]), "running": int(running[g]),
-                          "free_slots": int(free[g])} for g in range(self.g)],
+                          "free_slots": int(free[g]), "step": step(g)}
+                         for g in range(self.g)],
         }
+
+
+def make_calibrator(replicas: int, step_model: tuple[npt.ArrayLike, npt.ArrayLike,
+                                                     npt.ArrayLike]) -> StepCalibrator:
+    """A calibrator whose prior is the configured step model ``(a, b, c)`` (what the
+    fit starts from and relaxes to where the measured steps say nothing)."""
+    a, b, c = step_model
+    return StepCalibrator(replicas, prior_a=a, prior_c=c, prior_b=b)

@@ -23,6 +23,7 @@ Requests of a dead replica are re-prefilled (or errored) by the ingress that own
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,13 @@ from br_serve.core import PolicyBase, PolicyContext, policy_class
 from br_serve.core.predictor import TerminationPredictor
 from br_serve.serve.config import GraphConfig, parse_graph_config
 from br_serve.serve.messages import Admission, ReplicaReport
-from br_serve.serve.sched_core import SchedulerCore, SubmitStatus
+from br_serve.serve.sched_core import SchedulerCore, SubmitStatus, make_calibrator
 from br_serve.serve.sched_io import SchedulerIO
 
 #: a replacement's constructor may still run (imports, engine set-up)
 PING_S_REPLACED = 60.0
+#: the fitted step coefficients go to the metrics at most this often (seconds)
+COEF_EXPORT_S = 1.0
 
 
 def build_policy(cfg: GraphConfig) -> tuple[PolicyBase[Any], TerminationPredictor | None,
@@ -63,9 +66,16 @@ class Scheduler(SchedulerIO):
         cfg = parse_graph_config(config)
         policy, predictor, detail = build_policy(cfg)
         a, b, c = (np.asarray(x) * cfg.time_scale for x in cfg.coefficients(cfg.replicas))
+        # calibrated on the measured (scaled) step times; the configured model is its prior
+        calib = (make_calibrator(cfg.replicas, (a, b, c))
+                 if cfg.policy_needs().calibrated_step_costs else None)
+        # the step counters price steps as the (emulated) engines run them
+        true = tuple(np.asarray(x) * cfg.time_scale for x in cfg.emulated_coefficients())
         core = SchedulerCore(cfg.replicas, cfg.slots, cfg.pool_capacity, (a, b, c), policy,
-                             detail, predictor)
+                             detail, predictor, calibrator=calib,
+                             price_model=(true[0], true[1], true[2]))
         self._io_init(cfg, decode_names, core)
+        self._coef_exported = -float("inf")
 
     async def get_incarnation(self) -> str:
         await self._ensure_ready()
@@ -94,9 +104,21 @@ class Scheduler(SchedulerIO):
         if self._metrics is not None:
             if out.imbalance_tokens is not None:
                 self._metrics.imbalance.observe(out.imbalance_tokens)
+                self._export_coefficients()
             self._metrics.replica(rep.replica, rep.load_tokens, len(rep.running_ids))
         if out.tick_due:
             self._wake_tick()
+
+    def _export_coefficients(self) -> None:
+        """The fitted step coefficients as gauges, at most every ``COEF_EXPORT_S``
+        (Ray flushes metrics every few seconds; a fit every step would be wasted)."""
+        now = time.monotonic()
+        coef = self.core.coefficients()
+        if coef is None or now - self._coef_exported < COEF_EXPORT_S:
+            return
+        self._coef_exported = now
+        assert self.core.calibrator is not None
+        self._metrics.step_coefficients(coef, self.core.calibrator.residual_scale_s())
 
     async def barrier_failed(self, replica: int, generation: int) -> None:
         """A replica's collective failed in ``generation``: find the dead, re-form."""

@@ -27,6 +27,8 @@ class StepStats:
         self.step_s_sum = 0.0
         self.model_step_s_sum = 0.0
         self.tokens = 0
+        self.replica_steps = 0  # members summed over busy steps
+        self.load_sum = 0
         self.tick_s: list[float] = []
         self.assigned = 0
         self.dispatch_failures = 0
@@ -37,10 +39,13 @@ class StepStats:
         """One barrier step: ``loads`` of the members, tokens produced (``running``),
         measured wall time and the step model's price of the same loads. Returns the
         step's imbalance ``G*max(L) - sum(L)``."""
-        imb = int(len(loads) * loads.max() - loads.sum()) if len(loads) else 0
+        total = int(loads.sum())
+        imb = int(len(loads) * loads.max() - total) if len(loads) else 0
         self.recent_imbalance.append(imb)
         if running:
             self.steps += 1
+            self.replica_steps += len(loads)
+            self.load_sum += total
             self.imbalance_sum += imb
             self.step_s_sum += step_s
             self.model_step_s_sum += model_step_s
@@ -57,7 +62,8 @@ class StepStats:
     def as_dict(self) -> dict[str, Any]:
         """``throughput_tok_s = tokens / busy_s`` (wall-clock steps);
         ``model_throughput_tok_s`` prices the same measured loads with the step model
-        (free of host CPU contention); tick+dispatch percentiles in ms."""
+        (free of host CPU contention); a replica's mean load and running requests per
+        busy step; tick+dispatch percentiles in ms."""
         ticks = np.asarray(self.tick_s, dtype=np.float64)
         n = self.steps
 
@@ -71,6 +77,10 @@ class StepStats:
             "busy_s": self.step_s_sum, "tokens": self.tokens,
             "throughput_tok_s": self.tokens / self.step_s_sum if self.step_s_sum else 0.0,
             "model_busy_s": self.model_step_s_sum,
+            "mean_replica_load_tokens": (self.load_sum / self.replica_steps
+                                         if self.replica_steps else 0.0),
+            "mean_replica_running": (self.tokens / self.replica_steps
+                                     if self.replica_steps else 0.0),
             "model_throughput_tok_s": (self.tokens / self.model_step_s_sum
                                        if self.model_step_s_sum else 0.0),
             "ticks": len(ticks), "assigned": self.assigned,

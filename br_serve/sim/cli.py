@@ -172,6 +172,10 @@ def cluster_configs(args: argparse.Namespace, saturated: bool) -> list[SimConfig
         options.setdefault("horizon", str(args.horizon))
     preds = _csv(args.predictor) if args.predictor else [None]
     runs = plan_policy_runs(_csv(args.policies), options, preds)
+    named = [r.variant for r in runs if r.variant]
+    if named:  # a SimConfig is labelled by its policy: two variants would collide
+        raise ValueError(f"--policies: named variants ({', '.join(named)}) are not "
+                         "supported here (bench-serve takes them); run each separately")
     return [parse_sim_config(
         policy=run.policy, policy_options=run.options, predictor=run.predictor,
         predictor_model_path=args.predictor_model,

@@ -20,7 +20,6 @@ Conventions (see docs/simulator.md):
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import numpy as np
@@ -36,7 +35,7 @@ from br_serve.core import (
     TerminationPredictor,
     policy_class,
 )
-from br_serve.core.calibration import Coefficients, StepCalibrator
+from br_serve.core.calibration import StepCalibrator, with_coefficients
 from br_serve.core.predictor import reads_true_remaining
 from br_serve.core.state import ClusterState
 from br_serve.sim.config import SimConfig
@@ -188,13 +187,6 @@ class _SnapshotMaker:
                                self.a, self.b, self.c, self.empty)
 
 
-def _with_coefficients(snap: ClusterSnapshot, coef: Coefficients) -> ClusterSnapshot:
-    """``snap`` with the fitted step coefficients in place of the configured ones."""
-    return dataclasses.replace(snap, step_a_s_per_token=_ro(coef.a_s_per_token),
-                               step_b_s=_ro(coef.b_s),
-                               step_c_s_per_request=_ro(coef.c_s_per_request))
-
-
 class _Lag:
     """Requests assigned but not yet decoding (``admit_delay_steps``): they hold a slot
     and count in the policy's view, but are left out of the step's load and tokens."""
@@ -335,7 +327,7 @@ def simulate(trace: Trace, config: SimConfig, *,
             snap = (st.snapshot(detail=True, oracle=oracle) if detail
                     else fast.snapshot(st.load_tokens(), cnt))
             if calib is not None:
-                snap = _with_coefficients(snap, calib.coefficients())
+                snap = with_coefficients(snap, calib.coefficients())
             t0 = time.perf_counter_ns()
             res = policy.schedule(snap, pool, t, k)
             tick_ns.append(time.perf_counter_ns() - t0)

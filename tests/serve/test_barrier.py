@@ -31,7 +31,7 @@ def _rank(rank: int, port: int, steps: int, die_after: int | None, q: Any) -> No
         for step in range(steps):
             if die_after is not None and step == die_after:
                 return  # this rank "dies": it leaves without exchanging
-            rows = b.exchange(100 * rank + step, rank, int(rank == 1))
+            rows = b.exchange(100 * rank + step, rank, int(rank == 1), 0.25 * rank + step)
             seen.append(rows.tolist())
         q.put((rank, "ok", seen))
     except BarrierError as exc:
@@ -64,7 +64,7 @@ def test_rows_reach_every_rank_and_a_dead_peer_fails_the_others() -> None:
     for rank in range(WORLD):
         status, seen = out[rank]
         assert status == "ok"
-        assert seen == [[[100 * r + s, r, int(r == 1)] for r in range(WORLD)]
+        assert seen == [[[100 * r + s, r, int(r == 1), 0.25 * r + s] for r in range(WORLD)]
                         for s in range(4)]
     t0 = time.monotonic()
     out = _run(4, {2: 2})  # rank 2 leaves at step 2

@@ -41,21 +41,26 @@ class FakeBarrier:
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, int]] = []
+        self.compute_s: list[float] = []
         self.steps = 0
 
-    def exchange(self, load_tokens: int, running: int, reports: int = 0) -> np.ndarray:
+    def exchange(self, load_tokens: int, running: int, reports: int = 0,
+                 compute_s: float = 0.0) -> np.ndarray:
         self.rows.append((int(load_tokens), int(running)))
+        self.compute_s.append(compute_s)
         self.steps += 1
-        return np.array([[load_tokens, running, reports]], dtype=np.int64)
+        return np.array([[load_tokens, running, reports, compute_s]], dtype=np.float64)
 
     def close(self) -> None:
         return None
 
 
-@pytest.fixture()
-def replica() -> Iterator[tuple[DecodeReplica, FakeBarrier, list[ReplicaReport]]]:
+@pytest.fixture(params=[{}, {"cost": "time"}], ids=["tokens", "time"])
+def replica(request: pytest.FixtureRequest
+            ) -> Iterator[tuple[DecodeReplica, FakeBarrier, list[ReplicaReport]]]:
     rep = DecodeReplica(0, {"slots": 4, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
-                            "step_b_s": 0.005}, "no-scheduler")
+                            "step_b_s": 0.005, "policy_options": request.param},
+                        "no-scheduler")
     rep.on_fatal = _fail
     rep.lease, _ = fake_lease(RecordingTransport())
     reports: list[ReplicaReport] = []
@@ -107,4 +112,51 @@ def test_barrier_carries_the_loads_the_step_computed_with(
     assert sorted(busy[0].finished_ids) == ["a", "b"]
     assert busy[1].barrier_loads == (101,) and busy[1].running_ids == ()
     assert [r.barrier_step for r in busy] == [1, 2]
+    # each step's own compute time (the engine sleeps its modelled 5 ms; the barrier
+    # wait is not in it); rank 0's report carries it only for a calibrating policy
+    assert all(0.004 < t < 1.0 for t in barrier.compute_s[:2])
+    if rep.cfg.policy_needs().calibrated_step_costs:
+        assert [r.barrier_compute_s for r in busy] == [(t,) for t in barrier.compute_s[:2]]
+        assert busy[0].barrier_compute_s[0] == busy[0].compute_s
+    else:
+        assert [r.barrier_compute_s for r in busy] == [(), ()]
     assert not FATAL
+
+
+def test_each_decode_replica_emulates_its_own_step_coefficients() -> None:
+    """Per-replica ``step_*`` lists (a heterogeneous cluster) reach each replica's
+    emulated engine through the config the graph hands its actors (``model_dump``)."""
+    from br_serve.serve.config import parse_graph_config
+
+    a, b, c = (5e-7, 5e-7, 7.5e-7), (0.03, 0.03, 0.045), (0.0, 0.0, 1e-3)
+    conf = parse_graph_config(replicas=3, step_a_s_per_token="5e-7,5e-7,7.5e-7",
+                              step_b_s="0.03,0.03,0.045", step_c_s_per_request=list(c),
+                              time_scale=2, kv_bytes_per_token=KV_BYTES_PER_TOKEN
+                              ).model_dump()
+    for g in range(3):
+        rep = DecodeReplica(g, conf, "no-scheduler")
+        try:
+            eng: Any = rep.engine
+            assert eng.step_time_s() == pytest.approx(2 * b[g])  # empty: b alone
+            eng.admit("x", np.zeros(1000 * KV_BYTES_PER_TOKEN, np.uint8), 1000, 7,
+                      SamplingParams(max_tokens=5))
+            assert eng.step_time_s() == pytest.approx(2 * (a[g] * 1000 + c[g] + b[g]))
+        finally:
+            asyncio.run(rep.shutdown())
+            rep._thread.join(5)
+
+
+def test_a_hidden_emulated_slowdown_reaches_only_its_replica() -> None:
+    """``emulated_step_factor`` slows replica 1's engine; the configured model (what
+    the scheduler is told) stays as given."""
+    from br_serve.serve.config import parse_graph_config
+
+    cfg = parse_graph_config(replicas=2, step_b_s=0.03, emulated_step_factor="1,2")
+    assert cfg.coefficients(2)[1] == (0.03, 0.03)
+    for g, want in ((0, 0.03), (1, 0.06)):
+        rep = DecodeReplica(g, cfg.model_dump(), "no-scheduler")
+        try:
+            assert rep.engine.step_time_s() == pytest.approx(want)  # type: ignore[attr-defined]
+        finally:
+            asyncio.run(rep.shutdown())
+            rep._thread.join(5)

@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 MODEL = "br-emulated"
 KEY = "sekret"
 METRICS_PORT = free_port()
+STEP_B_S = 0.02
+FACTOR = (1.0, 1.0, 2.0)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,11 @@ def port() -> Iterator[int]:
 
     start_ray(metrics_port=METRICS_PORT)
     p = free_port()
-    deploy(parse_graph_config(replicas=3, prefill_replicas=2, port=p, step_b_s=0.02,
+    # replica 2's engine steps twice as long as the configured model says, and the
+    # policy routes on step time calibrated online (test_state_endpoint,
+    # test_calibration_finds_the_slow_replica)
+    deploy(parse_graph_config(replicas=3, prefill_replicas=2, port=p, step_b_s=STEP_B_S,
+                              emulated_step_factor=FACTOR, policy_options={"cost": "time"},
                               max_context_tokens=2048, barrier_timeout_s=5))
     deploy(parse_graph_config(app_name="br_small", replicas=1, prefill_replicas=1, slots=1,
                               pool_capacity=1, api_key=KEY, port=p, step_b_s=0.05),
@@ -160,11 +166,27 @@ def test_state_endpoint(client: httpx.Client) -> None:
     assert {"load_tokens", "running", "free_slots", "alive"} <= set(s["replicas"][0])
     assert "pool_size" in s and "recent_mean_imbalance_tokens" in s
     assert s["members"] == [0, 1, 2] and s["generation"] >= 1
+    assert s["step_coefficients"] == "calibrated"  # cost=time: fitted online
+    assert {"a_s_per_token", "b_s", "c_s_per_request", "residual_scale_s", "steps",
+            "calibrated"} <= set(s["replicas"][0]["step"])
 
 
 def test_100_concurrent_requests_all_finish(port: int) -> None:
     results = asyncio.run(_many(port, 100, 20))
     _check_exact(results, 20)
+
+
+def test_calibration_finds_the_slow_replica(client: httpx.Client) -> None:
+    """After the traffic above, each replica's fit prices a typical step near its
+    engine's time (measured compute: the modelled sleep plus this busy host's wake-up
+    delay), although the scheduler was told all three are alike: replica 2 comes out
+    slower than the others by about its factor of 2."""
+    s = client.get("/v1/br/state").json()
+    fits = [r["step"] for r in s["replicas"]]
+    assert all(f["steps"] >= 20 and f["calibrated"] for f in fits), fits
+    t = [f["a_s_per_token"] * 100 + f["c_s_per_request"] * 4 + f["b_s"] for f in fits]
+    assert STEP_B_S * 2 * 0.9 < t[2] < STEP_B_S * 2 * 2.5, t
+    assert t[2] > 1.3 * t[0] and t[2] > 1.3 * t[1], t
 
 
 def test_prometheus_metrics_are_exported(port: int) -> None:
@@ -173,7 +195,9 @@ def test_prometheus_metrics_are_exported(port: int) -> None:
     asyncio.run(_many(port, 4, 6))
     want = ["ray_br_pool_size", "ray_br_imbalance_tokens_bucket",
             "ray_br_tick_latency_ms_bucket", "ray_br_ttft_ms_bucket", "ray_br_tpot_ms_bucket",
-            'ray_br_replica_load_tokens{', 'ray_br_replica_running{']
+            'ray_br_replica_load_tokens{', 'ray_br_replica_running{',
+            'ray_br_step_coef_a_s_per_token{', 'ray_br_step_coef_b_s{',
+            'ray_br_step_coef_c_s_per_request{', 'ray_br_step_residual_scale_s{']
     text, missing = "", want
     deadline = time.monotonic() + 90  # Ray flushes metrics every few seconds
     while missing and time.monotonic() < deadline:
