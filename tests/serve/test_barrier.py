@@ -23,8 +23,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, port: int, steps: int, die_after: int | None, q: Any) -> None:
-    b = Barrier("gloo", "127.0.0.1", port, rank, (0, 1, 2), 1, timeout_s=2,
+def _rank(rank: int, port: int, steps: int, die_after: int | None, q: Any,
+          timeout_s: float) -> None:
+    b = Barrier("gloo", "127.0.0.1", port, rank, (0, 1, 2), 1, timeout_s=timeout_s,
                 join_timeout_s=30)
     seen = []
     try:
@@ -38,11 +39,11 @@ def _rank(rank: int, port: int, steps: int, die_after: int | None, q: Any) -> No
         q.put((rank, "error", str(exc)))
 
 
-def _run(steps: int, die: dict[int, int]) -> dict[int, tuple[str, Any]]:
+def _run(steps: int, die: dict[int, int], timeout_s: float) -> dict[int, tuple[str, Any]]:
     ctx = mp.get_context("fork")  # torch is imported already: no re-import per process
     q = ctx.Queue()
     store, port = open_store("127.0.0.1", 1, 30)  # rank 0's store, hosted here
-    procs = [ctx.Process(target=_rank, args=(r, port, steps, die.get(r), q))
+    procs = [ctx.Process(target=_rank, args=(r, port, steps, die.get(r), q, timeout_s))
              for r in range(WORLD)]
     for p in procs:
         p.start()
@@ -53,6 +54,9 @@ def _run(steps: int, die: dict[int, int]) -> dict[int, tuple[str, Any]]:
         out[rank] = (status, data)
     for p in procs:
         p.join(10)
+        if p.is_alive():  # never leave a stuck rank behind (it would hold the test)
+            p.kill()
+            p.join(5)
     del store
     return out
 
@@ -60,13 +64,13 @@ def _run(steps: int, die: dict[int, int]) -> dict[int, tuple[str, Any]]:
 def test_rows_reach_every_rank_and_a_dead_peer_fails_the_others() -> None:
     import torch  # noqa: F401  (loaded before the fork)
 
-    out = _run(4, {})
+    out = _run(4, {}, timeout_s=20)  # generous: a loaded CI host must not time out
     for rank in range(WORLD):
         status, seen = out[rank]
         assert status == "ok"
         assert seen == [[[100 * r + s, r, int(r == 1), 0.25 * r + s] for r in range(WORLD)]
                         for s in range(4)]
     t0 = time.monotonic()
-    out = _run(4, {2: 2})  # rank 2 leaves at step 2
+    out = _run(4, {2: 2}, timeout_s=2)  # rank 2 leaves at step 2
     assert {r: s for r, (s, _) in out.items()} == {0: "error", 1: "error"}
     assert time.monotonic() - t0 < 30  # within the op timeout (2 s), not a hang
