@@ -51,10 +51,15 @@ class AdmissionGate:
             return None
         return self.retry_after_s(load - self.capacity() + 1)
 
-    def leave(self) -> None:
-        """One admitted request is done (finished, failed or given up)."""
+    def leave(self, released: bool = True) -> None:
+        """One admitted request is done (finished, failed or given up). ``released``:
+        its slot or pool entry is already free (it finished); a request given up
+        mid-way (the client went away) is still held until its abort lands, so the
+        scheduler's next observation, not this call, lowers ``elsewhere`` (counting it
+        free at once let a burst with disconnects overrun the pool)."""
         self.inside = max(self.inside - 1, 0)
-        self.elsewhere = max(self.elsewhere - 1, 0)
+        if released:
+            self.elsewhere = max(self.elsewhere - 1, 0)
         now = self._clock()
         self._done.append(now)
         while self._done and now - self._done[0] > RATE_WINDOW_S:

@@ -112,12 +112,14 @@ class Streamer(StreamerIO):
                                 "requests in prefill, waiting and running); retry later",
                                 "rate_limit_exceeded", retry_after_s=retry)
         inner = self._generate(prompt, params, request_id)
+        ended = False  # the stream ran to its end (its slot is free), not given up
         try:
             async for batch in inner:
                 yield batch
+            ended = True
         finally:
             await inner.aclose()  # its own clean-up (_forget) now, not at garbage collection
-            self.gate.leave()
+            self.gate.leave(released=ended)
 
     async def _generate(self, prompt: str | list[int], params: SamplingParams,
                         request_id: str | None) -> AsyncGenerator[list[Token], None]:
