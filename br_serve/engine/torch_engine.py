@@ -125,7 +125,13 @@ class TorchEngine:
                 raise ValueError("prompt: a string prompt needs a tokenizer in the model "
                                  "folder; pass token ids instead")
             return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        return [int(t) for t in prompt]
+        ids = [int(t) for t in prompt]
+        vocab = int(self.model.config.vocab_size)
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:  # the embedding lookup would fail inside the forward pass
+            raise ValueError(f"prompt: token id {bad} is outside the vocabulary "
+                             f"(0 .. {vocab - 1})")
+        return ids
 
     def count_tokens(self, prompt: str | list[int]) -> int:
         return len(self.encode(prompt))

@@ -172,6 +172,12 @@ def test_bad_requests(tiny_model: Path) -> None:
             engine.prefill("b", [1, 2], bad)
     with pytest.raises(ValueError, match="at least one token"):
         engine.prefill("c", [], p)
+    vocab = engine.model.config.vocab_size
+    for oov in (vocab, -1):  # refused by name before the forward pass (was an IndexError)
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            engine.count_tokens([1, oov])
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            engine.prefill("d", [1, oov], p)
     assert engine.running() == 0
 
 
