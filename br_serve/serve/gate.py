@@ -31,6 +31,9 @@ class AdmissionGate:
         self.alive = replicas
         self.inside = 0
         self.elsewhere = 0  # the scheduler's count of requests past prefill (all ingresses)
+        # requests given up since the last / the one before the last observation: still
+        # held at the scheduler until their abort lands, so still counted (see leave)
+        self._given_up = [0, 0]
         self._clock = clock
         self._done: collections.deque[float] = collections.deque()
 
@@ -41,25 +44,33 @@ class AdmissionGate:
         """The scheduler's latest view: alive replicas, requests in pool + running."""
         self.alive = alive_replicas
         self.elsewhere = scheduler_requests
+        self._given_up = [0, self._given_up[0]]  # an observation may predate an abort
 
     def enter(self) -> int | None:
         """Admit one request (None) or refuse it: the seconds to wait before a retry."""
-        load = max(self.inside, self.elsewhere)
+        load = self.load()
         if load < self.capacity():
             self.inside += 1
             self.elsewhere += 1  # until the next observation says otherwise
             return None
         return self.retry_after_s(load - self.capacity() + 1)
 
+    def load(self) -> int:
+        """Requests the graph holds or will hold, as far as this ingress can tell."""
+        return max(self.inside + sum(self._given_up), self.elsewhere)
+
     def leave(self, released: bool = True) -> None:
         """One admitted request is done (finished, failed or given up). ``released``:
         its slot or pool entry is already free (it finished); a request given up
-        mid-way (the client went away) is still held until its abort lands, so the
-        scheduler's next observation, not this call, lowers ``elsewhere`` (counting it
-        free at once let a burst with disconnects overrun the pool)."""
+        mid-way (the client went away) is still held at the scheduler until its abort
+        lands, so it stays counted until two more observations of the scheduler have
+        come in (counting it free at once let a burst with disconnects overrun the
+        pool after prefill)."""
         self.inside = max(self.inside - 1, 0)
         if released:
             self.elsewhere = max(self.elsewhere - 1, 0)
+        else:
+            self._given_up[0] += 1
         now = self._clock()
         self._done.append(now)
         while self._done and now - self._done[0] > RATE_WINDOW_S:

@@ -213,7 +213,7 @@ class Ingress:
         except GenerateError:
             return False
         gate = self.streamer.gate
-        return ready and max(gate.inside, gate.elsewhere) < gate.capacity()
+        return ready and gate.load() < gate.capacity()
 
     # -- handle API ---------------------------------------------------------------------
     async def generate_stream(self, prompt: str | list[int], max_tokens: int = 16,

@@ -193,10 +193,15 @@ def test_burst_with_disconnects_is_refused_early_and_leaks_no_slot(port: int) ->
     assert set(codes) <= {200, 429}, codes
     refused = [(body, ra) for c, body, ra in res if c == 429]
     assert refused, "a 3x burst must be refused in part"
-    for body, ra in refused:
-        # the ingress's gate, before any prefill (the scheduler's late refusal says
-        # "prompt pool is full"), with a Retry-After
-        assert "at capacity" in body and ra is not None and int(ra) >= 1, (body, ra)
+    for body, ra in refused:  # every refusal says when to retry
+        assert ra is not None and int(ra) >= 1, (body, ra)
+    # Refused early: by the ingress's gate, before any prefill ("at capacity"), not by
+    # the scheduler's full pool after prefill ("prompt pool is full"; before, all of
+    # them were). The gate works on the scheduler's count of 0.5 s ago, so on a loaded
+    # host a few requests can still reach the full pool; they get the backstop's 429.
+    late = [body for body, _ in refused if "at capacity" not in body]
+    assert all("prompt pool is full" in b for b in late), late[:3]
+    assert len(late) <= 0.05 * len(refused), (len(late), len(refused))
     _wait_for(port, _idle, 60)  # before: phantom running requests, frozen for ever
 
 
