@@ -116,6 +116,17 @@ class Emulator:
             raise ApiError(503, f"data parallel rank {rank} is not available "
                                 "(dropped by fault injection)")
 
+    async def run_prefill(self, request: Request, rank: int, prompt_tokens: int) -> None:
+        """Take a prefill's modelled time on ``rank`` (counted in flight meanwhile);
+        raises if the client goes away first."""
+        cfg = self.config
+        self.counters.inflight_prefills[rank] += 1
+        try:
+            delay = cfg.prefill_base_s + cfg.prefill_s_per_token * prompt_tokens
+            await unless_disconnected(request, asyncio.sleep(delay))
+        finally:
+            self.counters.inflight_prefills[rank] -= 1
+
     # -- the twin (decode -> prefill) ----------------------------------------------
     async def pull_from_twin(self, host: str, port: int, key: str,
                              presented: Mapping[str, Any], wait_s: float) -> dict[str, Any]:

@@ -24,7 +24,6 @@ Follows docs/engine-contracts.md ("SGLang"):
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -129,12 +128,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         key = str(room)
         if emu.broker.ledger.holds(key) or emu.broker.ledger.released_reason(key):
             raise ApiError(400, f"bootstrap_room: {room} is already in use", "bootstrap_room")
-        emu.counters.inflight_prefills[g] += 1
-        try:
-            delay = cfg.prefill_base_s + cfg.prefill_s_per_token * req.prompt_tokens
-            await unless_disconnected(request, asyncio.sleep(delay))
-        finally:
-            emu.counters.inflight_prefills[g] -= 1
+        await emu.run_prefill(request, g, req.prompt_tokens)
         emu.broker.issue(key, {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens},
                          req.prompt_tokens, g)
         emu.counters.internal_id[rid] = key

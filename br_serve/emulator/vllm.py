@@ -30,7 +30,6 @@ Follows docs/engine-contracts.md ("vLLM"):
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 from typing import Any
@@ -43,7 +42,6 @@ from br_serve.emulator.app import (
     Spec,
     add_completion_routes,
     build_base_app,
-    unless_disconnected,
 )
 from br_serve.emulator.config import EmulatorConfig
 from br_serve.emulator.core import first_token
@@ -118,12 +116,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         emu.check_rank_alive(g)
         ext = external_id(request, "cmpl")
         key = emu.new_id("prefill")
-        emu.counters.inflight_prefills[g] += 1
-        try:
-            delay = cfg.prefill_base_s + cfg.prefill_s_per_token * req.prompt_tokens
-            await unless_disconnected(request, asyncio.sleep(delay))
-        finally:
-            emu.counters.inflight_prefills[g] -= 1
+        await emu.run_prefill(request, g, req.prompt_tokens)
         n_blocks = math.ceil(req.prompt_tokens / cfg.block_size)
         block_ids = [next(blocks) for _ in range(n_blocks)]
         tid, text = first_token(req.seed, req.prompt_tokens, cfg.vocab_size)
