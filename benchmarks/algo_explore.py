@@ -40,15 +40,9 @@ from br_serve.sim import SimConfig, simulate
 from br_serve.sim.result import SimResult
 from br_serve.traces import Trace, load_trace
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import TRACES  # where the traces are, found as the results script finds them
 
-def _traces_dir() -> Path:
-    for up in Path(__file__).resolve().parents:
-        if (up / "shared" / "traces").is_dir():
-            return up / "shared" / "traces"
-    return Path("shared/traces")
-
-
-TRACES = _traces_dir()
 WORKLOADS: dict[str, dict[str, Any]] = {
     "servegen-r1": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv", min_output=1001),
     "servegen-r1-shuffled": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv",
