@@ -13,21 +13,24 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from br_serve.engine.base import Engine
+from br_serve.engine.remote_spec import REMOTE_ENGINES, RemoteSpec
 
 
-class EngineSpec(BaseModel):
+class EngineSpec(RemoteSpec):
     """Which engine every prefill worker and decode replica runs. Frozen.
 
     A mixin of the serving graph's configuration: the step and prefill time models
     and the slot count live in :class:`~br_serve.config.ClusterConfig` (shared with the
-    simulator) and are passed to :func:`make_engine` beside this spec.
+    simulator) and are passed to :func:`make_engine` beside this spec. The remote
+    engines' fields are :class:`~br_serve.engine.remote_spec.RemoteSpec`'s.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    engine: Literal["emulated", "torch"] = "emulated"
-    """``emulated`` (time from the step model, runs anywhere) or ``torch`` (a local
-    Hugging Face causal LM)."""
+    engine: Literal["emulated", "torch", "vllm", "sglang"] = "emulated"
+    """``emulated`` (time from the step model, runs anywhere), ``torch`` (a local
+    Hugging Face causal LM), or a remote PD deployment the graph routes: ``vllm``
+    (vLLM / vllm-ascend with a KV connector) or ``sglang`` (``--disaggregation-mode``)."""
     model_path: str | None = None
     """torch: directory of the model (required)."""
     device: str = "cpu"
@@ -43,7 +46,15 @@ class EngineSpec(BaseModel):
     def _torch_needs_model(self) -> EngineSpec:
         if self.engine == "torch" and not self.model_path:
             raise ValueError("model_path: required when engine is 'torch'")
+        if not self.is_remote and (self.prefill_urls or self.decode_urls or self.dp_size):
+            raise ValueError(f"prefill_urls: only for engine=vllm|sglang (engine is "
+                             f"{self.engine!r})")
         return self
+
+    @property
+    def is_remote(self) -> bool:
+        """The engines run outside the graph (it proxies them)."""
+        return self.engine in REMOTE_ENGINES
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +73,13 @@ def make_engine(spec: EngineSpec, timing: EngineTiming | None = None, slots: int
     """The engine ``spec`` describes (both the prefill and the decode half).
 
     ``timing`` drives the emulated engine; ``slots`` bounds a torch decode batch.
+
+    Raises:
+        ValueError: a remote engine (the graph builds its proxies itself).
     """
+    if spec.is_remote:
+        raise ValueError(f"engine: {spec.engine!r} runs outside the graph; "
+                         "make_engine builds only local engines")
     if spec.engine == "emulated":
         from br_serve.engine.emulated import EmulatedEngine
 

@@ -57,7 +57,8 @@ def _makers(cfg: GraphConfig) -> tuple[Any, list[Any], Any]:
         return ray.remote(KVKeeper).options(
             name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
             num_cpus=0, max_concurrency=1000, max_restarts=-1, max_task_retries=0,
-        ).remote(cfg.transport, cfg.mooncake_master)
+        ).remote(cfg.kv_transport(), cfg.mooncake_master, ttl_s=cfg.keeper_ttl_s(),
+                 api_key=cfg.engine_api_key)
 
     def decode(g: int) -> Any:
         return ray.remote(DecodeReplica).options(**_decode_options(cfg, g)).remote(

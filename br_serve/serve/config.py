@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from br_serve.config import ClusterConfig, validated
 from br_serve.config.cluster import Coef, per_replica
 from br_serve.engine.factory import EngineSpec, EngineTiming
+from br_serve.engine.remote_spec import REMOTE_ENGINES
 
 #: Environment variable read for the API key when no ``api_key`` argument is given.
 API_KEY_ENV = "BR_SERVE_API_KEY"
@@ -81,6 +82,21 @@ class GraphConfig(ClusterConfig, EngineSpec):
     """Bound on one collective: a dead peer is detected within it."""
     namespace: str = "br_serve"
     """Ray namespace of the named actors."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _remote_replicas(cls, data: Any) -> Any:
+        """Remote engines: ``replicas`` is the number of decode ranks (derived from
+        ``decode_urls`` / ``dp_size``; a given value must match)."""
+        if not isinstance(data, dict) or data.get("engine") not in REMOTE_ENGINES:
+            return data
+        from br_serve.engine.remote_spec import RemoteSpec
+
+        spec = RemoteSpec(**{k: data[k] for k in RemoteSpec.model_fields if k in data})
+        given = data.get("replicas")
+        ranks = spec.check_remote(str(data["engine"]),
+                                  None if given is None else int(given))
+        return {**data, "replicas": ranks}
 
     @field_validator("emulated_step_factor", mode="before")
     @classmethod
@@ -159,6 +175,16 @@ class GraphConfig(ClusterConfig, EngineSpec):
             opts.update(ray_actor_options_for(self.device))
         return opts
 
+    def kv_transport(self) -> str:
+        """The transport every prefill worker, decode replica and the keeper use:
+        ``remote`` (a ticket of the engine's transfer parameters) with a remote engine,
+        else :attr:`transport`."""
+        return "remote" if self.is_remote else self.transport
+
+    def keeper_ttl_s(self) -> float | None:
+        """The keeper's bound on an unreleased KV (None: its default)."""
+        return self.pool_ttl_s if self.is_remote else None
+
     def resolved_api_key(self) -> str | None:
         """The builder argument, else the environment variable, else no key."""
         return self.api_key or os.environ.get(API_KEY_ENV) or None
@@ -197,7 +223,8 @@ def parse_graph_config(data: Mapping[str, Any] | GraphConfig | None = None,
     base.update(overrides)
     # "none"/"" from a command line mean "not given" for optional strings.
     for key in ("model_path", "api_key", "predictor", "predictor_model_path",
-                "mooncake_master"):
+                "mooncake_master", "remote_model", "engine_api_key", "dp_size",
+                "bootstrap_port"):
         if isinstance(base.get(key), str) and base[key].lower() in ("", "none", "null"):
             base[key] = None
     return validated(GraphConfig, base, GraphConfigError)

@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 
 #: An idle group steps this often at most (an admission wakes a replica at once).
 _IDLE_WAIT_S = 0.05
+#: a remote rank's proxy waits this long for the rank's health before it gives up
+REMOTE_START_WAIT_S = 30.0
 
 
 class DecodeReplica:
@@ -79,9 +81,12 @@ class DecodeReplica:
         self.index = index
         self.incarnation = uuid.uuid4().hex[:12]
         self.scheduler_name = scheduler_name
-        self.engine: DecodeEngine = make_engine(self.cfg, self.cfg.engine_timing(index),
-                                                self.cfg.slots, self.cfg.seed)
-        self.lease = KVLease(make_transport(self.cfg.transport, self.cfg.mooncake_master),
+        self.engine: DecodeEngine = (
+            remote_rank(self.cfg, index) if self.cfg.is_remote
+            else make_engine(self.cfg, self.cfg.engine_timing(index), self.cfg.slots,
+                             self.cfg.seed))
+        self.lease = KVLease(make_transport(self.cfg.kv_transport(), self.cfg.mooncake_master,
+                                            api_key=self.cfg.engine_api_key),
                              find_keeper=lambda: get_keeper(self.cfg.app_name,
                                                             self.cfg.namespace, 5.0))
         self.backend = collective_backend_for(self.cfg.device)
@@ -166,10 +171,11 @@ class DecodeReplica:
         # Admitted goes out before the step thread can produce this request's tokens.
         self._emit(item.owner, [Admitted(rid, self.index)])
         with self._lock:
-            self.book.pulled(item, kv)  # False: aborted meanwhile, reported as dropped
+            taken = self.book.pulled(item, kv)  # False: aborted meanwhile (dropped)
             step = self._step
             self._wake_step.notify_all()
-        self.lease.release(item.kv)
+        # taken: the engine frees a remote source itself once it pulled it
+        self.lease.release(item.kv, consumed=taken)
         return AdmitReply("queued", step, self.incarnation)
 
     async def abort(self, request_id: str) -> None:
@@ -190,6 +196,10 @@ class DecodeReplica:
         with self._lock:
             out = self._outbox.pop(owner, [])
         return out
+
+    async def proc_stats(self) -> dict[str, float]:
+        """This process's CPU seconds and the steps run so far (for benchmarks)."""
+        return {"cpu_s": time.process_time(), "steps": float(self._step)}
 
     async def report(self) -> ReplicaReport | None:
         """The latest full state (used to rebuild a restarted scheduler's mirror)."""
@@ -293,8 +303,14 @@ class DecodeReplica:
         t0 = time.perf_counter()
         events = self.engine.step()
         t1 = time.perf_counter()
+        failures = take_failures(self.engine)
         with self._lock:
             by_owner = self.book.route(events)
+            for rid, message, retryable in failures:  # a remote stream that broke
+                owner = self.book.install_failed(rid)
+                if owner is not None:
+                    by_owner.setdefault(owner, []).append(
+                        StreamError(rid, message, retryable))
             finished, dropped, started = self.book.take_report()
         flag, full = self._clock.decide(news=bool(finished or dropped or started),
                                         barrier_step=barrier.steps + 1, now_s=t1)
@@ -343,6 +359,29 @@ class DecodeReplica:
                     owner = self.book.install_failed(a.request_id)
                 self._emit(owner or a.owner, [StreamError(a.request_id,
                                                           f"admit failed: {exc}")])
+
+
+def remote_rank(cfg: Any, index: int) -> DecodeEngine:
+    """The proxy of remote DP rank ``index`` (waits for its health, bounded).
+
+    Raises:
+        RemoteRankDown: the rank did not answer ``/health`` in time.
+    """
+    from br_serve.engine.remote import RemoteDecodeEngine
+    from br_serve.remote.client import Timeouts
+
+    url, pin = cfg.decode_target(index)
+    engine = RemoteDecodeEngine(url, pin, Timeouts(
+        connect_s=cfg.remote_connect_s, first_byte_s=cfg.remote_first_token_s,
+        stall_s=cfg.remote_stall_s), api_key=cfg.engine_api_key)
+    engine.wait_healthy(REMOTE_START_WAIT_S)
+    return engine
+
+
+def take_failures(engine: Any) -> list[tuple[str, str, bool]]:
+    """A remote engine's failed streams since the last step (local engines have none)."""
+    take = getattr(engine, "take_failures", None)
+    return take() if take is not None else []
 
 
 def _exit_process() -> None:

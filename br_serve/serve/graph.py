@@ -1,7 +1,8 @@
 """Build and deploy the Ray Serve application (the only place that wires deployments).
 
 ``build(args)`` validates builder arguments (:class:`GraphConfig`) and returns the bound
-Serve application: Prefill (N replicas) -> Ingress (one replica, FastAPI). The ingress
+Serve application: Prefill (N replicas; in front of remote prefill servers with
+``engine=vllm|sglang``) -> Ingress (one replica, FastAPI). The ingress
 creates the scheduler and decode replica actors. ``deploy(cfg)`` starts Serve's HTTP
 proxy on ``cfg.host:cfg.port`` and runs the application (for the demo, tests and
 benchmarks; users run ``serve run graphs.balance_route:app``).
@@ -25,10 +26,12 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
 
     from br_serve.serve.ingress import Ingress
     from br_serve.serve.prefill import PrefillWorker
+    from br_serve.serve.remote_prefill import RemotePrefillWorker
 
     cfg = parse_graph_config(args)
     conf = cfg.model_dump()
-    prefill = serve.deployment(PrefillWorker, name="Prefill").options(  # type: ignore[attr-defined]
+    worker = RemotePrefillWorker if cfg.is_remote else PrefillWorker
+    prefill = serve.deployment(worker, name="Prefill").options(  # type: ignore[attr-defined]
         num_replicas=cfg.prefill_replicas, ray_actor_options=cfg.replica_actor_options(),
         max_ongoing_requests=1000)
     ingress = serve.deployment(Ingress, name="Ingress").options(  # type: ignore[attr-defined]

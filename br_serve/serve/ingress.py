@@ -163,6 +163,13 @@ class Ingress:
     async def __init__(self, prefill: Any, config: dict[str, Any]) -> None:  # type: ignore[misc]
         self.cfg = parse_graph_config(config)
         self.api_key = self.cfg.resolved_api_key()
+        if self.cfg.is_remote:  # a clear error now, not a replica that never comes up
+            import asyncio
+
+            from br_serve.serve.remote_prefill import check_endpoints
+
+            await asyncio.to_thread(check_endpoints, self.cfg.decode_urls, "decode_urls",
+                                    self.cfg.remote_connect_s * 2, self.cfg.engine_api_key)
         actors = await create_actors(self.cfg)
         cfg = self.cfg
 

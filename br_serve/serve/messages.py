@@ -29,6 +29,7 @@ class PrefillOutput:
     error: str | None = None
     error_status: int = 0
     prefill_s: float = 0.0
+    first_token_pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,8 @@ promise, which the scheduler's mirror relies on to free every slot it counted: e
 request the replica *took* (``accept`` answered ``queued``) ends in exactly one of
 
 - ``finished``: its last token was produced (reported in ``finished_ids``);
-- ``dropped``: it ended without finishing: aborted by its owner, or refused by the
-  engine at install time (reported in ``dropped_ids``);
+- ``dropped``: it ended without finishing: aborted by its owner, refused by the
+  engine at install time, or failed in a remote engine (reported in ``dropped_ids``);
 - ``failed``: its KV pull failed (``admit`` answers ``failed``; never installed).
 
 Life of one request id::
@@ -137,7 +137,8 @@ class ReplicaBook:
         return installs, aborts
 
     def install_failed(self, request_id: str) -> str | None:
-        """The engine refused an install: dropped. Returns its owner."""
+        """The engine refused an install, or (a remote engine) an installed request's
+        stream failed: dropped. Returns its owner."""
         owner = self._owner.get(request_id)
         self._end(request_id, dropped=True)
         if request_id in self._started:

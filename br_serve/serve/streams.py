@@ -138,6 +138,7 @@ class Streamer(StreamerIO):
                 out = await self._prefill(rid, cur, p)
                 if attempt == 0:
                     prompt_tokens = out.prompt_tokens
+                pending = out.first_token_pending  # token 0 comes from the decode
                 first = Token(len(produced), out.first_token_id, out.first_token_text,
                               out.finished, out.finish_reason, prompt_tokens)
                 if out.finished:
@@ -170,16 +171,18 @@ class Streamer(StreamerIO):
                 yield [Token(len(produced), -1, "", True, "error", prompt_tokens,
                              error=exc.message)]
                 return
-            produced.append(first)
+            if not pending:
+                produced.append(first)
             outcome = ""
             finished = False
             try:
                 # inside the try: a client gone at the first token still drops its
                 # pool entry and KV (_forget), else both leak and a scheduler restart
                 # would resubmit it
-                yield [first]
-                async for batch in self._follow(rid, entry, len(produced) - 1,
-                                                prompt_tokens):
+                if not pending:
+                    yield [first]
+                async for batch in self._follow(rid, entry, len(produced) - 1 + pending,
+                                                prompt_tokens, 0 if pending else 1):
                     good = batch if batch[-1].error is None else batch[:-1]
                     produced.extend(good)
                     if good:
@@ -195,6 +198,9 @@ class Streamer(StreamerIO):
             finally:
                 self._forget(rid, finished)
             attempt += 1
+            if not isinstance(prompt, str) and any(t.token_id < 0 for t in produced):
+                outcome = f"fatal: {outcome} (a token-id prompt cannot be continued " \
+                          "from a remote engine's text)"
             if attempt > _MAX_REPREFILL or outcome.startswith("fatal"):
                 yield [Token(len(produced), -1, "", True, "error", prompt_tokens,
                              error=f"request failed on the decode side: {outcome}")]
@@ -229,12 +235,11 @@ class Streamer(StreamerIO):
         return out
 
     async def _follow(self, rid: str, entry: Admission, offset: int,
-                      prompt_tokens: int) -> AsyncIterator[list[Token]]:
-        """Tokens of one attempt, in batches. A lost attempt ends with a batch whose
-        last token has ``error`` set: ``"lost: ..."`` is retryable, ``"fatal: ..."`` is
-        not."""
+                      prompt_tokens: int, nxt: int = 1) -> AsyncIterator[list[Token]]:
+        """Tokens of one attempt, in batches, from engine index ``nxt`` on (1: token 0
+        came from prefill). A lost attempt ends with a batch whose last token has
+        ``error`` set: ``"lost: ..."`` is retryable, ``"fatal: ..."`` is not."""
         inbox = self._queues[rid]
-        nxt = 1  # engine index of the next expected token (0 came from prefill)
         while True:
             events = await inbox.take(_WATCHDOG_S)
             if not events:

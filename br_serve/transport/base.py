@@ -22,12 +22,18 @@ class TransportError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class KVHandle:
-    """Where a request's KV lives. ``ref`` is transport-specific (e.g. a Ray ObjectRef)."""
+    """Where a request's KV lives. ``ref`` is transport-specific (e.g. a Ray ObjectRef).
+
+    ``freed_by_consumer``: once a decode took the KV, its engine frees the source copy
+    itself (a remote engine's KV connector), so the keeper then only forgets the
+    handle; otherwise the keeper frees it through the transport.
+    """
 
     transport: str
     key: str
     nbytes: int
     ref: Any = None
+    freed_by_consumer: bool = False
 
 
 class KVTransport(Protocol):

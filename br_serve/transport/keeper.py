@@ -44,9 +44,14 @@ class KVKeeper:
     """
 
     def __init__(self, transport: str = "objref", mooncake_master: str | None = None,
-                 ttl_s: float = KEEPER_TTL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s = ttl_s
+                 ttl_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 api_key: str | None = None) -> None:
+        self.ttl_s = KEEPER_TTL_S if ttl_s is None else ttl_s
+        self._api_key = api_key
+        #: handles freed through the transport, and handles handed to their consumer
+        self.freed = 0
+        self.handed_over = 0
         self._transport_name = transport
         self._master = mooncake_master
         self._transport: KVTransport | None = None
@@ -66,13 +71,25 @@ class KVKeeper:
             log.warning("kv keeper: %r expired after %.0f s unreleased", key, self.ttl_s)
             await self._free(old)
 
-    async def release(self, handle: KVHandle) -> None:
-        """Drop ``handle`` and free its source copy (idempotent)."""
-        self._held.pop(handle.key, None)
+    async def release(self, handle: KVHandle, consumed: bool = False) -> None:
+        """Drop ``handle`` and free its source copy (idempotent). ``consumed``: a decode
+        took it; a handle ``freed_by_consumer`` is then only forgotten (its engine
+        frees the source), and one no longer held is not freed again."""
+        held = self._held.pop(handle.key, None) is not None
+        if consumed and handle.freed_by_consumer:
+            self.handed_over += held
+            return
+        if not held and handle.freed_by_consumer:
+            return  # released before (or expired): its engine hold is gone already
         await self._free(handle)
 
     async def size(self) -> int:
         return len(self._held)
+
+    async def counts(self) -> dict[str, int]:
+        """``held``, ``freed`` (through the transport) and ``handed_over`` so far."""
+        return {"held": len(self._held), "freed": self.freed,
+                "handed_over": self.handed_over}
 
     async def _free(self, handle: KVHandle) -> None:
         try:
@@ -80,8 +97,9 @@ class KVKeeper:
                 from br_serve.transport.factory import make_transport
 
                 self._transport = make_transport(self._transport_name, self._master,
-                                                 segment_bytes=0)
+                                                 segment_bytes=0, api_key=self._api_key)
             await asyncio.to_thread(self._transport.release, handle)
+            self.freed += 1
         except TransportError as exc:  # the request is unaffected; the writer's close frees it
             log.warning("kv keeper: freeing %r failed: %s", handle.key, exc)
 

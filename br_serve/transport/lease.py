@@ -6,8 +6,10 @@ moves the KV:
 - the prefill worker: ``put(key, kv)`` (in its worker thread) then ``await hold(handle)``
   before it replies: the keeper (:mod:`br_serve.transport.keeper`) keeps the KV alive
   until it is released;
-- the decode replica: ``await pull(handle)``, then ``release(handle)``, also after a
-  failed pull (nobody will pull that key again: the ingress re-prefills under a new id);
+- the decode replica: ``await pull(handle)``, then ``release(handle, consumed=True)``
+  when its engine took the KV (a remote engine's connector then frees the source
+  itself), or ``release(handle)`` after a failed pull (nobody will pull that key
+  again: the ingress re-prefills under a new id);
 - the ingress, when it gives up a request no replica pulled: ``release(handle)``.
 
 ``release`` is fire-and-forget and never raises: a lost release is bounded by the
@@ -95,28 +97,31 @@ class KVLease:
         """The KV payload. Raises :class:`TransportError` if it is gone."""
         return await self._own().get_async(handle)
 
-    def release(self, handle: KVHandle) -> None:
-        """Nobody here needs ``handle`` any more (see the module docstring)."""
+    def release(self, handle: KVHandle, consumed: bool = False) -> None:
+        """Nobody here needs ``handle`` any more (see the module docstring);
+        ``consumed``: a decode took its KV."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a thread): send and forget
-            self._send_release(handle)
+            self._send_release(handle, consumed)
             return
-        task = loop.create_task(self._release(handle))
+        task = loop.create_task(self._release(handle, consumed))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _send_release(self, handle: KVHandle) -> Any:
+    def _send_release(self, handle: KVHandle, consumed: bool = False) -> Any:
         try:
+            if consumed:
+                return self._keeper_handle().release.remote(handle, True)
             return self._keeper_handle().release.remote(handle)
         except ValueError as exc:  # keeper not registered: its TTL cannot help either
             log.warning("kv lease: no keeper to release %r: %s", handle.key, exc)
             return None
 
-    async def _release(self, handle: KVHandle) -> None:
+    async def _release(self, handle: KVHandle, consumed: bool = False) -> None:
         from ray.exceptions import RayError
 
-        ref = self._send_release(handle)
+        ref = self._send_release(handle, consumed)
         if ref is None:
             return
         try:

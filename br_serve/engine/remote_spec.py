@@ -1,0 +1,122 @@
+"""Configuration of remote PD engines (vLLM / vllm-ascend, SGLang) behind the graph.
+
+A pydantic mixin of :class:`~br_serve.engine.factory.EngineSpec`: with
+``engine=vllm`` or ``engine=sglang`` the graph runs no model itself. Its Prefill
+deployment calls ``prefill_urls`` and each decode replica actor proxies one DP rank:
+``decode_urls[g]`` (one server per rank, vLLM's "external DP"), or the single
+``decode_urls[0]`` with the rank pinned per request (vLLM: the
+``X-data-parallel-rank`` header; SGLang: ``routed_dp_rank``) when ``dp_size`` is given.
+The contracts are in docs/engine-contracts.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: The engines that run outside the graph.
+REMOTE_ENGINES = ("vllm", "sglang")
+
+
+def split_url(url: str) -> tuple[str, int]:
+    """``(host, port)`` of ``http(s)://host:port`` (the default port of the scheme if
+    none). Raises ``ValueError`` naming what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r}: expected http://host:port")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: give the server's base URL, without a path")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{url!r}: bad port") from None
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
+def _url_list(v: Any) -> Any:
+    if isinstance(v, str):  # "http://a:1,http://a:2" from a command line
+        return tuple(x.strip().rstrip("/") for x in v.split(",") if x.strip())
+    if isinstance(v, list | tuple):
+        return tuple(str(x).strip().rstrip("/") for x in v)
+    return v
+
+
+class RemoteSpec(BaseModel):
+    """Where the remote engines are and how the graph talks to them. Frozen."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    prefill_urls: tuple[str, ...] = ()
+    """vllm/sglang: base URLs of the prefill servers (comma-separated on a command line);
+    the Prefill deployment spreads requests over them round robin."""
+    decode_urls: tuple[str, ...] = ()
+    """vllm/sglang: one base URL per decode DP rank, or one URL for all ranks together
+    with ``dp_size``."""
+    dp_size: int | None = Field(default=None, ge=1, le=256)
+    """vllm/sglang: DP ranks behind the single URL of ``decode_urls`` (pinned per
+    request); unset: one URL per rank. Sets ``replicas``."""
+    remote_model: str | None = None
+    """vllm/sglang: the model name sent to the engines (unset: ``model``)."""
+    engine_api_key: str | None = None
+    """vllm/sglang: bearer key of the engines' own ``--api-key``."""
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    """sglang: the prefill servers' ``--disaggregation-bootstrap-port`` (unset: the
+    port of each prefill URL, as the emulator serves it)."""
+    pool_ttl_s: float = Field(default=240.0, gt=0)
+    """vllm/sglang: most seconds a prefilled request may wait in the pool; after it its
+    prefill KV is released on the engine (cancel / abort) and the request is
+    re-prefilled when it is bound. Keep it below the engine's own hold bound
+    (``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT``, 480 s; SGLang's bootstrap timeout, 300 s)."""
+    remote_connect_s: float = Field(default=3.0, gt=0)
+    """vllm/sglang: bound on connecting to an engine."""
+    remote_first_token_s: float = Field(default=120.0, gt=0)
+    """vllm/sglang: bound on a decode stream's first token (KV transfer included)."""
+    remote_stall_s: float = Field(default=30.0, gt=0)
+    """vllm/sglang: most seconds between two chunks of a flowing decode stream."""
+
+    @field_validator("prefill_urls", "decode_urls", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return _url_list(v)
+
+    @field_validator("prefill_urls", "decode_urls")
+    @classmethod
+    def _valid_urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for i, url in enumerate(v):
+            try:
+                split_url(url)
+            except ValueError as exc:
+                raise ValueError(f"[{i}] {exc}") from None
+        if len(set(v)) != len(v):
+            raise ValueError("a URL is listed twice")
+        return v
+
+    def check_remote(self, engine: str, replicas: int | None) -> int:
+        """The replica count the remote layout implies (checked against ``replicas``
+        when the caller gave one). Raises ``ValueError`` naming the field."""
+        if not self.prefill_urls:
+            raise ValueError(f"prefill_urls: required with engine={engine!r}")
+        if not self.decode_urls:
+            raise ValueError(f"decode_urls: required with engine={engine!r}")
+        if self.dp_size is not None:
+            if len(self.decode_urls) != 1:
+                raise ValueError(f"dp_size: give one decode URL with dp_size "
+                                 f"(got {len(self.decode_urls)})")
+            ranks = self.dp_size
+        else:
+            if engine == "sglang" and len(self.decode_urls) != 1:
+                raise ValueError("decode_urls: SGLang serves its DP ranks from one server; "
+                                 "give one URL and dp_size")
+            ranks = len(self.decode_urls)
+        if replicas is not None and replicas != ranks:
+            raise ValueError(f"replicas: {replicas} does not match the {ranks} decode "
+                             "ranks of decode_urls / dp_size (leave it out)")
+        return ranks
+
+    def decode_target(self, rank: int) -> tuple[str, int | None]:
+        """``(base URL, rank to pin or None)`` of decode replica ``rank``."""
+        if self.dp_size is not None:
+            return self.decode_urls[0], rank
+        return self.decode_urls[rank], None

@@ -1,0 +1,181 @@
+"""Prefill on a remote PD engine (``engine=vllm|sglang``): the Prefill deployment's
+replica calls the engine and hands the pool a ticket instead of KV bytes.
+
+- vLLM / vllm-ascend: ``max_tokens: 1`` with ``kv_transfer_params`` asking for a
+  remote decode; the answer's parameters (and the engine's prompt count) go into a
+  :class:`~br_serve.remote.ticket.RemoteTicket`. The prefill server holds the KV until
+  the decode pulls it.
+- SGLang: the request carries a fresh ``bootstrap_room``; SGLang answers it only once
+  the decode took the KV, so the call runs on as a task of this replica and the ticket
+  is returned at once (after a short wait that catches an immediate refusal). The
+  prompt length is an estimate until the decode stream reports the engine's count.
+
+Every ticket is held by the KV keeper (``remote`` transport) until a decode replica
+takes it or it is released; a release, or ``pool_ttl_s`` in the pool, frees the hold on
+the engine (``cancel`` / ``abort_request``). Errors come back as a
+:class:`PrefillOutput` ``error``: the engine's 400 as a 400 (its message passed on),
+an engine down, timing out or failing (5xx) as a 503 (the ingress retries), any other
+answer as a 502. The constructor checks each prefill URL's ``/health`` and raises
+naming the one that does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import uuid
+from typing import Any
+
+from br_serve.engine.base import SamplingParams
+from br_serve.engine.remote_spec import split_url
+from br_serve.serve.messages import PrefillOutput
+from br_serve.transport.base import TransportError
+from br_serve.transport.lease import KVLease
+
+log = logging.getLogger(__name__)
+
+#: how long an SGLang prefill call is watched for an immediate refusal
+_SGLANG_REFUSAL_WAIT_S = 0.05
+
+
+def check_endpoints(urls: tuple[str, ...], field: str, timeout_s: float,
+                    api_key: str | None = None) -> None:
+    """Raise ``RuntimeError`` naming ``field[i]`` for the first URL whose ``/health``
+    does not answer 200 (blocking)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=timeout_s, headers=headers) as http:
+        for i, url in enumerate(urls):
+            try:
+                r = http.get(f"{url}/health")
+            except httpx.HTTPError as exc:
+                raise RuntimeError(f"{field}[{i}] {url}: cannot reach the engine "
+                                   f"({type(exc).__name__}: {exc})") from None
+            if r.status_code != 200:
+                raise RuntimeError(f"{field}[{i}] {url}: /health answered "
+                                   f"{r.status_code} {r.text[:200]!r}")
+
+
+class RemotePrefillWorker:
+    """One replica of the Prefill deployment in front of remote prefill servers."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from br_serve.remote.client import RemoteEngineClient, Timeouts
+        from br_serve.serve.config import parse_graph_config
+        from br_serve.transport.factory import make_transport
+        from br_serve.transport.keeper import get_keeper
+
+        self.cfg = cfg = parse_graph_config(config)
+        check_endpoints(cfg.prefill_urls, "prefill_urls", cfg.remote_connect_s * 2,
+                        cfg.engine_api_key)
+        self.protocol = cfg.engine
+        self.model = cfg.remote_model or cfg.model
+        self.lease = KVLease(make_transport("remote", api_key=cfg.engine_api_key),
+                             find_keeper=lambda: get_keeper(cfg.app_name, cfg.namespace))
+        self._timeouts = Timeouts(connect_s=cfg.remote_connect_s,
+                                  request_s=cfg.remote_first_token_s,
+                                  first_byte_s=cfg.remote_first_token_s,
+                                  stall_s=cfg.remote_stall_s)
+        self._client_cls = RemoteEngineClient
+        self._client: Any = None  # made on the serving loop
+        # round robin from a random start, so that replicas do not march in step
+        self._next = itertools.count(random.Random(uuid.uuid4().int).randrange(1 << 16))
+        # SGLang rooms must be unique across every replica of every graph: a seed
+        # shared by replicas would repeat them, so each replica draws from its own
+        self._rooms = random.Random(uuid.uuid4().int)
+        self._calls: set[asyncio.Task[Any]] = set()
+
+    def _http(self) -> Any:
+        if self._client is None:
+            self._client = self._client_cls(self._timeouts, api_key=self.cfg.engine_api_key)
+        return self._client
+
+    async def prefill(self, request_id: str, prompt: str | list[int],
+                      params: SamplingParams) -> PrefillOutput:
+        from br_serve.remote.errors import EngineHTTPError, RemoteEngineError
+
+        if not prompt:
+            return PrefillOutput(request_id, error="prompt: must not be empty",
+                                 error_status=400)
+        url = self.cfg.prefill_urls[next(self._next) % len(self.cfg.prefill_urls)]
+        try:
+            if self.protocol == "vllm":
+                ticket = await self._vllm(url, request_id, prompt, params)
+            else:
+                ticket = await self._sglang(url, request_id, prompt, params)
+        except EngineHTTPError as exc:
+            status = 400 if exc.status == 400 else 503 if exc.retryable else 502
+            message = exc.error.message if exc.error is not None else str(exc)
+            return PrefillOutput(request_id, error=f"prefill engine {url}: {message}",
+                                 error_status=status)
+        except RemoteEngineError as exc:  # down, timed out, disconnected, bad answer
+            status = 502 if type(exc).__name__ == "EngineProtocolError" else 503
+            return PrefillOutput(request_id, error=f"prefill engine: {exc}",
+                                 error_status=status)
+        if isinstance(ticket, PrefillOutput):
+            return ticket
+        handle = self.lease.put(request_id, ticket)
+        try:
+            await self.lease.hold(handle)
+        except TransportError as exc:  # no keeper would ever free it: free it now
+            with contextlib.suppress(TransportError):
+                await asyncio.to_thread(self.lease.discard, handle)
+            return PrefillOutput(request_id, error=f"kv keeper unavailable: {exc}",
+                                 error_status=503)
+        return PrefillOutput(request_id, prompt_tokens=ticket.prompt_tokens,
+                             first_token_id=-1, kv=handle, first_token_pending=True)
+
+    async def _vllm(self, url: str, request_id: str, prompt: str | list[int],
+                    params: SamplingParams) -> Any:
+        from br_serve.remote.ticket import RemoteTicket, completion_body
+
+        body = completion_body(prompt, params, self.model)
+        res = await self._http().vllm_prefill(url, body, request_id)
+        assert res.kv_transfer_params is not None
+        return RemoteTicket("vllm", url, request_id, body, res.prompt_tokens,
+                            kv_transfer_params=res.kv_transfer_params)
+
+    async def _sglang(self, url: str, request_id: str, prompt: str | list[int],
+                      params: SamplingParams) -> Any:
+        from br_serve.remote.requests import Bootstrap, new_bootstrap_room
+        from br_serve.remote.ticket import RemoteTicket, completion_body, estimate_prompt_tokens
+
+        n = estimate_prompt_tokens(prompt)
+        limit = self.cfg.max_context_tokens
+        if n + params.max_tokens > limit:
+            return PrefillOutput(
+                request_id, prompt_tokens=n, error_status=400,
+                error=(f"prompt: this model's maximum context length is {limit} tokens; "
+                       f"the request needs about {n + params.max_tokens}"))
+        host, port = split_url(url)
+        boot = Bootstrap(host, self.cfg.bootstrap_port or port,
+                         new_bootstrap_room(self._rooms))
+        body = completion_body(prompt, params, self.model)
+        call = asyncio.create_task(self._http().sglang_prefill(
+            url, body, boot, request_id,
+            timeout_s=self.cfg.pool_ttl_s + self.cfg.remote_first_token_s))
+        done, _ = await asyncio.wait({call}, timeout=_SGLANG_REFUSAL_WAIT_S)
+        if done:  # answered at once: a refusal (a success needs its decode first)
+            call.result()  # raises the engine's error
+            raise_unexpected(url)
+        self._calls.add(call)
+        call.add_done_callback(self._call_ended)
+        return RemoteTicket("sglang", url, request_id, body, n, bootstrap=boot)
+
+    def _call_ended(self, call: asyncio.Task[Any]) -> None:
+        self._calls.discard(call)
+        if not call.cancelled() and call.exception() is not None:
+            # expected when the request was released (abort) or its decode failed
+            log.debug("prefill: SGLang prefill call ended: %s", call.exception())
+
+
+def raise_unexpected(url: str) -> None:
+    from br_serve.remote.errors import EngineProtocolError
+
+    raise EngineProtocolError(url, "the SGLang prefill answered before any decode took "
+                                   "its KV (is it started with --disaggregation-mode "
+                                   "prefill?)")
