@@ -51,7 +51,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         res = run_bench(base, planned, trace, Path(args.out), args.timeout,
                         repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds,
                         workload=workload, overhead_from=args.overhead_from,
-                        baseline=baseline)
+                        baseline=baseline, engine=args.engine)
     finally:
         stop_ray()
     lost = sum(r["measured"]["requests_lost"] + r["measured"]["bad_tokens"]
@@ -128,6 +128,10 @@ def register(sub: Any) -> None:
                    help="multiply the step coefficients a, b, c of these replicas "
                         "(e.g. 4-7:1.5: half of G=8 1.5x slower); repeatable")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    p.add_argument("--engine", choices=("emulated", "vllm", "sglang"), default="emulated",
+                   help="emulated: the built-in engine; vllm / sglang: the graph routes "
+                        "`emulate-engine` servers of that protocol (same step model, "
+                        "one prefill server, one decode server of G ranks)")
     p.add_argument("--repeats", type=int, default=1,
                    help="live runs per policy, interleaved (gains: mean and s.e.)")
     p.add_argument("--sim-jitter", type=float, default=0.05,

@@ -102,16 +102,69 @@ async def _replay(port: int, reqs: list[_Req], timeout_s: float) -> float:
         return time.perf_counter() - t0
 
 
-def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, Any]:
+def _replica_cpu(cfg: GraphConfig) -> list[dict[str, float]]:
+    """Every decode replica actor's process CPU seconds and steps so far."""
+    import ray
+
+    from br_serve.serve.actors import actor_names
+
+    _, names = actor_names(cfg.app_name, cfg.replicas)
+    out: list[dict[str, float]] = ray.get(
+        [ray.get_actor(n, namespace=cfg.namespace).proc_stats.remote() for n in names])
+    return out
+
+
+def _cpu_costs(before: list[dict[str, float]], after: list[dict[str, float]],
+               engine_before: dict[str, float] | None,
+               engine_after: dict[str, float] | None) -> dict[str, Any]:
+    """CPU per step of the decode replica actors over the replay, and with a remote
+    engine per step *of the engine* (the proxy overhead) beside the emulator's own."""
+    cpu = [a["cpu_s"] - b["cpu_s"] for a, b in zip(after, before, strict=True)]
+    steps = [a["steps"] - b["steps"] for a, b in zip(after, before, strict=True)]
+    out: dict[str, Any] = {
+        "replica_cpu_s": cpu,
+        "replica_cpu_ms_per_step": float(np.mean([c / s * 1e3 for c, s in
+                                                  zip(cpu, steps, strict=True) if s > 0]))
+        if any(steps) else None}
+    if engine_before is not None and engine_after is not None:
+        n = engine_after["steps"] - engine_before["steps"]
+        out["engine_steps"] = n
+        out["proxy_cpu_ms_per_engine_step"] = float(np.mean(cpu)) / n * 1e3 if n else None
+        out["engine_cpu_ms_per_step"] = ((engine_after["process_cpu_s"]
+                                          - engine_before["process_cpu_s"]) / n * 1e3
+                                         if n else None)
+        out["engine_overrun_s"] = engine_after["overrun_s"] - engine_before["overrun_s"]
+    return out
+
+
+def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float,
+             engine: str = "emulated") -> dict[str, Any]:
+    """One live run; ``engine`` ``vllm`` / ``sglang``: through engine emulators
+    (:mod:`br_serve.bench.remote_engines`) instead of the built-in emulated engine."""
+    if engine == "emulated":
+        return _measure_graph(cfg, reqs, timeout_s, None)
+    from br_serve.bench.remote_engines import emulated_engines
+
+    with emulated_engines(cfg, engine) as (remote, decode_url):
+        return _measure_graph(remote, reqs, timeout_s, decode_url)
+
+
+def _measure_graph(cfg: GraphConfig, reqs: list[_Req], timeout_s: float,
+                   decode_url: str | None) -> dict[str, Any]:
     from ray import serve
 
+    from br_serve.bench.remote_engines import engine_counters
     from br_serve.serve.graph import deploy
 
     handle = deploy(cfg)
     handle.reset_stats.remote().result()
+    cpu0 = _replica_cpu(cfg)
+    eng0 = engine_counters(decode_url) if decode_url else None
     wall = asyncio.run(_replay(cfg.port, reqs, timeout_s))
     stats = handle.stats.remote().result()
     state = handle.state.remote().result()
+    costs = _cpu_costs(cpu0, _replica_cpu(cfg), eng0,
+                       engine_counters(decode_url) if decode_url else None)
     serve.delete(cfg.app_name)
     ok = [r for r in reqs if r.status == 200 and r.error is None and r.bad_tokens == 0]
     # decode-phase TPOT, as the simulator's: from the first decode token (index 1; index
@@ -147,6 +200,7 @@ def _measure(cfg: GraphConfig, reqs: list[_Req], timeout_s: float) -> dict[str, 
         "tick_dispatch_ms_p99": stats["tick_dispatch_ms_p99"],
         "tick_dispatch_share_of_step": td_per_step / step if step else None,
         "wall_s": wall,
+        **costs,
     }
 
 
@@ -217,12 +271,14 @@ def run_bench(base: GraphConfig, runs_planned: list[tuple[PolicyRun, GraphConfig
               trace: Any, out: Path, timeout_s: float = 600.0, repeats: int = 1,
               jitter_s: float = 0.05, seeds: int = 16,
               workload: dict[str, Any] | None = None, overhead_from: str = "baseline",
-              baseline: str = "jsq") -> dict[str, Any]:
+              baseline: str = "jsq", engine: str = "emulated") -> dict[str, Any]:
     """Measure every planned run ``repeats`` times (interleaved: jsq, br0, ..., jsq,
     br0, ... so slow drifts of the host hit all policies alike), simulate each (see
     :mod:`br_serve.bench.serve_report`), print a table, write ``out`` (JSON). Gains are
     over the run labelled ``baseline``. ``workload`` (the arguments that rebuilt
-    ``trace``) is stored for ``--resimulate``."""
+    ``trace``) is stored for ``--resimulate``. ``engine``: ``emulated`` (built in) or
+    ``vllm`` / ``sglang`` (the graph proxies engine emulators with the same step
+    model)."""
     runs: list[dict[str, Any]] = []
     for rep in range(repeats):
         for run, cfg in runs_planned:
@@ -231,13 +287,14 @@ def run_bench(base: GraphConfig, runs_planned: list[tuple[PolicyRun, GraphConfig
                          int(trace.output_tokens[i]) + 1, 10_000 + i)
                     for i in range(len(trace))]
             t = time.perf_counter()
-            meas = _measure(cfg, reqs, timeout_s)
+            meas = _measure(cfg, reqs, timeout_s, engine)
             runs.append({"policy": pol, "policy_name": run.policy,
                          "policy_options": run.options, "predictor": run.predictor,
                          "repeat": rep, "measured": meas})
             print(f"{pol} (run {rep + 1}/{repeats}): {time.perf_counter() - t:.0f}s: "
-                  f"{json.dumps({k: meas[k] for k in _PROGRESS_KEYS})}", flush=True)
-    result = {"config": base.model_dump(exclude={"api_key"}), "workload": workload or {},
+                  f"{json.dumps({k: meas.get(k) for k in _PROGRESS_KEYS})}", flush=True)
+    result = {"config": base.model_dump(exclude={"api_key"}), "engine": engine,
+              "workload": workload or {},
               "requests": len(trace), "repeats": repeats, "sim_jitter_s": jitter_s,
               "sim_seeds": seeds, "baseline": baseline, "runs": runs}
     return report(result, trace, base, out, overhead_from)
@@ -256,4 +313,5 @@ def report(result: dict[str, Any], trace: Any, base: GraphConfig, out: Path,
 
 
 _PROGRESS_KEYS = ("throughput_tok_s", "model_throughput_tok_s", "mean_imbalance_tokens",
-                  "requests_lost", "bad_tokens")
+                  "requests_lost", "bad_tokens", "replica_cpu_ms_per_step",
+                  "proxy_cpu_ms_per_engine_step", "engine_cpu_ms_per_step")

@@ -259,7 +259,29 @@ def format_table(result: dict[str, Any]) -> str:
             f"(Paper model, no overhead or delay: "
             f"{pm(g.get('paper'))}, exact trace {f(g.get('paper_point_pct'), 2)}%.)")
     lines.extend(format_step_fits(result))
+    lines.extend(format_cpu(result))
     return "\n".join(lines)
+
+
+def format_cpu(result: dict[str, Any]) -> list[str]:
+    """The decode replica actors' CPU per step (means over runs) and, with a remote
+    engine, per step of the engine beside the engine emulator's own CPU per step."""
+    out = []
+    for pol in dict.fromkeys(r["policy"] for r in result["runs"]):
+        ms = [r["measured"] for r in result["runs"] if r["policy"] == pol]
+        own = _mean([m.get("replica_cpu_ms_per_step") for m in ms])
+        if own is None:
+            continue
+        line = f"\n{pol}: decode replica CPU {own:.2f} ms per replica step"
+        proxy = _mean([m.get("proxy_cpu_ms_per_engine_step") for m in ms])
+        if proxy is not None:
+            eng = _mean([m.get("engine_cpu_ms_per_step") for m in ms])
+            line += (f"; per engine step and rank {proxy:.2f} ms (the proxying), engine "
+                     f"emulator {'-' if eng is None else f'{eng:.2f}'} ms per step (all "
+                     f"ranks), {_mean([m.get('engine_steps') for m in ms]) or 0:.0f} engine "
+                     "steps")
+        out.append(line + ".")
+    return out
 
 
 def _overhead_runs(result: dict[str, Any]) -> str:

@@ -46,6 +46,7 @@ from br_serve.remote.errors import (
     StreamBroken,
     StreamStalled,
 )
+from br_serve.remote.h1stream import open_stream
 from br_serve.remote.requests import endpoint_path
 from br_serve.remote.sse import TokenChunk
 from br_serve.remote.ticket import RemoteTicket
@@ -88,6 +89,8 @@ class RemoteDecodeEngine:
         self._cv = threading.Condition()
         self._reqs: dict[str, _Req] = {}        # step thread only
         self._arrived: list[TokenEvent] = []    # under _cv
+        self._arrived_ids: set[str] = set()     # under _cv: requests in _arrived
+        self._expect = 1 << 30                  # under _cv: requests a gather waits for
         self._failures: list[tuple[str, str, bool]] = []  # under _cv
         self._fault: str | None = None          # under _cv
         self._failed_in_row = 0                 # loop thread only
@@ -96,7 +99,8 @@ class RemoteDecodeEngine:
                                         name=f"remote-rank-{pin if pin is not None else url}")
         self._thread.start()
         self._client: RemoteEngineClient = self._call(self._make_client(api_key))
-        #: tokens whose decode text differed from... (counted streams, for stats)
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        #: decode streams opened so far
         self.streams_opened = 0
 
     async def _make_client(self, api_key: str | None) -> RemoteEngineClient:
@@ -151,15 +155,18 @@ class RemoteDecodeEngine:
                     break
                 self._cv.wait(left)
             if self._arrived:  # gather the rest of this remote step
-                flowing = {r for r, q in self._reqs.items() if q.received > q.decoded}
+                # requests past their first token produce one per remote step
+                flowing = {r for r, q in self._reqs.items() if q.received > 0}
+                self._expect = len(flowing)
                 end = self._clock() + self.gather_s
                 while self._fault is None:
-                    seen = {e.request_id for e in self._arrived}
                     left = end - self._clock()
-                    if left <= 0 or flowing <= seen:
+                    if left <= 0 or flowing <= self._arrived_ids:
                         break
                     self._cv.wait(left)
             events, self._arrived = self._arrived, []
+            self._arrived_ids = set()
+            self._expect = 1 << 30
         out: list[TokenEvent] = []
         for e in events:
             req = self._reqs.get(e.request_id)
@@ -211,9 +218,9 @@ class RemoteDecodeEngine:
     def close(self) -> None:
         for rid in list(self._reqs):
             self.abort(rid)
-        with_timeout = asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop)
+        closing = asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop)
         try:
-            with_timeout.result(5.0)
+            closing.result(5.0)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
@@ -222,36 +229,58 @@ class RemoteDecodeEngine:
                       headers: dict[str, str]) -> None:
         url = self.url + endpoint_path(False)
         try:
-            async for ev in self._client.stream(url, body, headers):
-                if not isinstance(ev, TokenChunk):
-                    continue
-                if ev.usage is not None and ev.usage.prompt_tokens:
-                    req.prompt_tokens = ev.usage.prompt_tokens  # the engine's own count
-                n = ev.new_tokens or (1 if ev.finish_reason else 0)
-                if n == 0:
-                    continue
-                first = req.received
-                req.received += n
-                events = [TokenEvent(rid, -1, ev.text if i == 0 else "", first + i,
-                                     ev.finish_reason is not None and i == n - 1,
-                                     ev.finish_reason if i == n - 1 else None)
-                          for i in range(n)]
-                with self._cv:
-                    self._arrived.extend(events)
-                    self._cv.notify_all()
-                if ev.finish_reason is not None:
-                    break
-            else:
-                if req.received == 0:
-                    raise StreamBroken(url, "stream ended without a token", 0)
+            if url.startswith("http://"):
+                await self._stream_h1(rid, req, url, body, headers)
+            else:  # https: httpx (slower per chunk, see br_serve.remote.h1stream)
+                async for ev in self._client.stream(url, body, headers):
+                    if self._on_event(rid, req, ev):
+                        break
+            if req.received == 0:
+                raise StreamBroken(url, "stream ended without a token", 0)
             self._failed_in_row = 0
         except asyncio.CancelledError:
             raise
         except RemoteEngineError as exc:
             await self._failed(rid, req, exc)
-        except Exception as exc:  # noqa: BLE001  a bug here must not hang the stream
+        except Exception as exc:
             log.exception("remote rank %s: stream of %s failed", self.pin, rid)
             await self._failed(rid, req, exc)
+
+    async def _stream_h1(self, rid: str, req: _Req, url: str, body: dict[str, Any],
+                         headers: dict[str, str]) -> None:
+        t = self._timeouts
+        stream = await open_stream(url, body, {**self._auth, **headers},
+                                   lambda ev: self._on_event(rid, req, ev), t.connect_s)
+        try:
+            await stream.wait(t.first_byte_s, t.stall_s)
+        finally:
+            stream.close()  # no-op after [DONE]; else the engine aborts the request
+
+    def _on_event(self, rid: str, req: _Req, ev: Any) -> bool:
+        """One parsed stream event (loop thread); True after the last token."""
+        if not isinstance(ev, TokenChunk):
+            return False
+        if ev.usage is not None and ev.usage.prompt_tokens:
+            req.prompt_tokens = ev.usage.prompt_tokens  # the engine's own count
+        n = ev.new_tokens or (1 if ev.finish_reason else 0)
+        if n == 0:
+            return False
+        first = req.received
+        req.received += n
+        fin = ev.finish_reason
+        with self._cv:
+            for i in range(n):
+                last = i == n - 1
+                self._arrived.append(TokenEvent(rid, -1, ev.text if i == 0 else "",
+                                                first + i, fin is not None and last,
+                                                fin if last else None))
+            self._arrived_ids.add(rid)
+            # wake the step thread only when it can act: the first arrival of a step,
+            # or the last of the requests it gathers (a wake-up per chunk would cost
+            # a GIL hand-over per token)
+            if len(self._arrived_ids) == 1 or len(self._arrived_ids) >= self._expect:
+                self._cv.notify_all()
+        return fin is not None
 
     async def _failed(self, rid: str, req: _Req, exc: BaseException) -> None:
         retryable = not (isinstance(exc, EngineHTTPError) and not exc.retryable)

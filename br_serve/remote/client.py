@@ -43,7 +43,7 @@ from br_serve.remote.requests import (
     sglang_prefill_request,
     vllm_prefill_request,
 )
-from br_serve.remote.sse import DecodeStreamParser, ErrorEvent, StreamEvent
+from br_serve.remote.sse import DecodeStreamParser, Done, ErrorEvent, StreamEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +189,8 @@ class RemoteEngineClient:
                         if isinstance(ev, ErrorEvent):
                             raise EngineStreamError(url, ev.error)
                         yield ev
-                        if parser.done:
-                            return
+                        if isinstance(ev, Done):  # not parser.done: set once the
+                            return                # whole chunk (more events) parsed
                     if parser.completion_tokens:
                         wait = t.stall_s
                 for ev in parser.finish():  # raises StreamBroken without [DONE]

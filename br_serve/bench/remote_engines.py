@@ -1,0 +1,115 @@
+"""Remote PD engines for ``bench-serve --engine vllm|sglang``: emulators in subprocesses.
+
+:func:`emulated_engines` starts one prefill and one decode ``br-serve emulate-engine``
+(protocol ``vllm`` or ``sglang``, ``dp_size = G``, the graph's step model per rank:
+``a_g``, ``b_g`` of :meth:`GraphConfig.emulated_coefficients`, so ``--slow`` slows the
+emulator's ranks) as separate processes, waits for their ``/health`` and yields the
+graph configuration that routes them (``decode_urls`` one URL + ``dp_size``: ranks
+pinned per request). The processes are stopped on exit. :func:`engine_counters` reads
+the decode emulator's step count and CPU time, the reference for the proxy overhead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from br_serve.serve.config import GraphConfig, parse_graph_config
+
+#: the served model name the emulators answer to
+REMOTE_MODEL = "emulated"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _floats(xs: tuple[float, ...]) -> str:
+    return ",".join(repr(float(x)) for x in xs)
+
+
+def emulator_commands(cfg: GraphConfig, protocol: str, prefill_port: int,
+                      decode_port: int) -> list[list[str]]:
+    """The two ``emulate-engine`` command lines (prefill, decode) for ``cfg``.
+
+    Raises:
+        ValueError: a step model the emulator cannot run (a per-request term ``c``).
+    """
+    a, b, c = cfg.emulated_coefficients()
+    if any(x != 0 for x in c):
+        raise ValueError("step_c_s_per_request: the engine emulator models a * load + b "
+                         "only; set it to 0 with --engine vllm|sglang")
+    scale = cfg.time_scale
+    base = [sys.executable, "-m", "br_serve.cli", "emulate-engine", "--protocol", protocol,
+            "--model", REMOTE_MODEL, "--log-level", "error"]
+    prefill = [*base, "--role", "prefill", "--port", str(prefill_port),
+               "--prefill-base-s", repr(cfg.prefill_p0_s * scale),
+               "--prefill-s-per-token", repr(cfg.prefill_p1_s_per_token * scale)]
+    decode = [*base, "--role", "decode", "--port", str(decode_port),
+              "--dp-size", str(cfg.replicas), "--slots", str(cfg.slots),
+              "--step-a-s-per-token", _floats(tuple(x * scale for x in a)),
+              "--step-b-s", _floats(tuple(x * scale for x in b))]
+    return [prefill, decode]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], wait_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine emulator for {url} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"engine emulator for {url} not healthy after {wait_s:g} s")
+
+
+@contextlib.contextmanager
+def emulated_engines(cfg: GraphConfig, protocol: str,
+                     wait_s: float = 60.0) -> Iterator[tuple[GraphConfig, str]]:
+    """``(graph config routing the emulators, decode base URL)``; see the module."""
+    pport, dport = _free_port(), _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        for cmd in emulator_commands(cfg, protocol, pport, dport):
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                          start_new_session=True))
+        purl, durl = f"http://127.0.0.1:{pport}", f"http://127.0.0.1:{dport}"
+        _wait_healthy(purl, procs[0], wait_s)
+        _wait_healthy(durl, procs[1], wait_s)
+        remote = parse_graph_config(cfg.model_dump(), engine=protocol, prefill_urls=purl,
+                                    decode_urls=durl, dp_size=cfg.replicas,
+                                    remote_model=REMOTE_MODEL)
+        yield remote, durl
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def engine_counters(decode_url: str) -> dict[str, float]:
+    """The decode emulator's ``steps``, step-loop CPU, process CPU and late seconds."""
+    import httpx
+
+    st: dict[str, Any] = httpx.get(f"{decode_url}/emulator/stats", timeout=10).json()
+    return {"steps": float(st["steps"]),
+            "step_cpu_s": float(st.get("step_cpu_s", 0.0)),
+            "process_cpu_s": float(st.get("process_cpu_s", 0.0)),
+            "overrun_s": float(st.get("overrun_s", 0.0))}
