@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from br_serve.engine.base import Engine
 from br_serve.engine.remote_spec import REMOTE_ENGINES, RemoteSpec

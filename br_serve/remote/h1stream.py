@@ -46,7 +46,7 @@ _MAX_HEAD_BYTES = 64 * 1024
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, url: str, on_event: Callable[[StreamEvent], None],
+    def __init__(self, url: str, on_event: Callable[[StreamEvent], object],
                  ended: asyncio.Future[None]) -> None:
         self.url = url
         self.on_event = on_event
@@ -249,7 +249,7 @@ class H1Stream:
 
 
 async def open_stream(url: str, body: Mapping[str, Any], headers: Mapping[str, str],
-                      on_event: Callable[[StreamEvent], None],
+                      on_event: Callable[[StreamEvent], object],
                       connect_s: float = 3.0) -> H1Stream:
     """POST ``body`` (JSON) to ``url`` (``http://host:port/path``) and return the open
     stream; ``on_event`` runs on the loop for each parsed event.

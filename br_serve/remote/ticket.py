@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from typing import Protocol as _Proto
 
-from br_serve.engine.base import SamplingParams
 from br_serve.remote.requests import (
     Bootstrap,
     sglang_decode_request,
@@ -22,7 +22,25 @@ from br_serve.remote.requests import (
 Protocol = Literal["vllm", "sglang"]
 
 
-def completion_body(prompt: str | list[int], params: SamplingParams,
+class Sampling(_Proto):
+    """What :func:`completion_body` reads (``br_serve.engine.base.SamplingParams``;
+    not imported: transports, which carry tickets, sit below the engines)."""
+
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def stop(self) -> tuple[str, ...]: ...
+    @property
+    def ignore_eos(self) -> bool: ...
+
+
+def completion_body(prompt: str | list[int], params: Sampling,
                     model: str) -> dict[str, Any]:
     """The ``/v1/completions`` body for ``prompt`` with ``params`` (OpenAI fields the
     engines honour; ``max_tokens`` counts every generated token)."""

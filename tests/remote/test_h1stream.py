@@ -131,8 +131,8 @@ def test_real_server_connect_refused_and_stall() -> None:
 
         async def served(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             head = await reader.readuntil(b"\r\n\r\n")
-            n = int([ln for ln in head.split(b"\r\n") if ln.lower().startswith(
-                b"content-length")][0].split(b":")[1])
+            n = int(next(ln for ln in head.split(b"\r\n") if ln.lower().startswith(
+                b"content-length")).split(b":")[1])
             await reader.readexactly(n)
             writer.write(HEAD_CHUNKED + _chunked(_sse(["p", "q"]), [11]))
             await writer.drain()
