@@ -111,7 +111,7 @@ class KVLease:
 
     def _send_release(self, handle: KVHandle, consumed: bool = False) -> Any:
         try:
-            if consumed:
+            if consumed and handle.freed_by_consumer:  # the keeper only forgets it
                 return self._keeper_handle().release.remote(handle, True)
             return self._keeper_handle().release.remote(handle)
         except ValueError as exc:  # keeper not registered: its TTL cannot help either
