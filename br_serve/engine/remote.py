@@ -7,7 +7,8 @@ engine: the scheduler, the mirror, the barrier and the policies see no differenc
 - ``admit(rid, ticket, ...)`` opens the streamed decode call for the
   :class:`~br_serve.remote.ticket.RemoteTicket` (pinned to this rank) on the engine's
   own event loop thread; the engine pulls the KV itself.
-- ``step()`` waits until tokens arrived (at most ``max_wait_s``), then a short gather
+- ``step()`` waits until tokens arrived (at most ``max_wait_s``, or until
+  :meth:`nudge` says an admission waits to be installed), then a short gather
   (until every request that is flowing delivered one, at most ``gather_s``), and
   returns them as :class:`TokenEvent` values: one remote decode step of this rank.
   A chunk carrying several tokens (``continuous_usage_stats``) gives that many events
@@ -91,6 +92,7 @@ class RemoteDecodeEngine:
         self._arrived: list[TokenEvent] = []    # under _cv
         self._arrived_ids: set[str] = set()     # under _cv: requests in _arrived
         self._expect = 1 << 30                  # under _cv: requests a gather waits for
+        self._nudged = False                    # under _cv: see nudge()
         self._failures: list[tuple[str, str, bool]] = []  # under _cv
         self._fault: str | None = None          # under _cv
         self._failed_in_row = 0                 # loop thread only
@@ -149,7 +151,8 @@ class RemoteDecodeEngine:
             if not self._reqs:
                 return []
             deadline = self._clock() + self.max_wait_s
-            while not self._arrived and not self._failures and self._fault is None:
+            while (not self._arrived and not self._failures and self._fault is None
+                   and not self._nudged):
                 left = deadline - self._clock()
                 if left <= 0:
                     break
@@ -165,6 +168,7 @@ class RemoteDecodeEngine:
                         break
                     self._cv.wait(left)
             events, self._arrived = self._arrived, []
+            self._nudged = False
             self._arrived_ids = set()
             self._expect = 1 << 30
         out: list[TokenEvent] = []
@@ -177,6 +181,13 @@ class RemoteDecodeEngine:
             if e.finished:
                 del self._reqs[e.request_id]
         return out
+
+    def nudge(self) -> None:
+        """New work waits for the step thread (an admission): end a wait for tokens
+        now, so that it is installed without waiting for this rank's next token."""
+        with self._cv:
+            self._nudged = True
+            self._cv.notify_all()
 
     def take_failures(self) -> list[tuple[str, str, bool]]:
         """``(request_id, message, retryable)`` of streams that failed since the last

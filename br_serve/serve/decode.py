@@ -174,6 +174,9 @@ class DecodeReplica:
             taken = self.book.pulled(item, kv)  # False: aborted meanwhile (dropped)
             step = self._step
             self._wake_step.notify_all()
+        nudge = getattr(self.engine, "nudge", None)
+        if nudge is not None:  # a remote rank's step may be waiting for tokens
+            nudge()
         # taken: the engine frees a remote source itself once it pulled it
         self.lease.release(item.kv, consumed=taken)
         return AdmitReply("queued", step, self.incarnation)
