@@ -161,3 +161,19 @@ def test_remote_transport_release_cancels_once_and_refuses_foreign_payloads() ->
         with pytest.raises(TransportError, match="RemoteTicket"):
             tr.put("x", b"bytes")
         tr.close()
+
+
+def test_a_ticket_whose_prefill_hold_expired_fails_retryable() -> None:
+    # the prefill releases unpulled KV after 0.3 s (its own bound, as vLLM's 480 s)
+    with servers(config("vllm", "prefill", kv_ttl_s=0.3), config("vllm", "decode")) as (p, d):
+        [t] = _vllm_tickets(p.url, 1, 5)
+        deadline = time.monotonic() + 5
+        while _stats(p.url)["kv"]["held"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _stats(p.url)["kv"]["released"]["expired"] == 1
+        eng = RemoteDecodeEngine(d.url, 0)
+        eng.admit(t.request_id, t, t.prompt_tokens, -1, SamplingParams())
+        got, failed = _drive(eng)
+        assert not got and [f[0] for f in failed] == [t.request_id]
+        assert failed[0][2], failed  # retryable: the ingress prefills it again
+        eng.close()
