@@ -27,7 +27,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from br_serve.remote.errors import (
@@ -65,8 +65,9 @@ class _Protocol(asyncio.Protocol):
         self._error_body = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # no isinstance check: uvloop's transports (Ray's workers run uvloop) are not
+        # subclasses of asyncio.Transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.last_data_s = time.monotonic()

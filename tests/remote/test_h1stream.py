@@ -109,7 +109,10 @@ def test_error_status_and_error_event() -> None:
     assert isinstance(exc, EngineStreamError)
 
 
-def test_real_server_connect_refused_and_stall() -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_real_server_connect_refused_and_stall(loop: str) -> None:
+    """Also on uvloop, which Ray's workers run: its transports are not
+    ``asyncio.Transport`` subclasses."""
     async def main() -> None:
         port = free_port()
         with pytest.raises(EngineUnreachable):
@@ -148,4 +151,8 @@ def test_real_server_connect_refused_and_stall() -> None:
             await s.wait(5.0, 5.0)
             assert got == ["p", "q"]
 
-    asyncio.run(main())
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
