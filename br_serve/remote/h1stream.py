@@ -27,7 +27,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from br_serve.remote.errors import (
@@ -65,8 +65,9 @@ class _Protocol(asyncio.Protocol):
         self._error_body = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # not an isinstance check: uvloop's TCPTransport (Ray's actors run on uvloop)
+        # is no subclass of asyncio.Transport, and every stream would fail
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.last_data_s = time.monotonic()
