@@ -28,6 +28,7 @@ engine: the scheduler, the mirror, the barrier and the policies see no differenc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -243,9 +244,16 @@ class RemoteDecodeEngine:
             if url.startswith("http://"):
                 await self._stream_h1(rid, req, url, body, headers)
             else:  # https: httpx (slower per chunk, see br_serve.remote.h1stream)
-                async for ev in self._client.stream(url, body, headers):
-                    if self._on_event(rid, req, ev):
-                        break
+                async with contextlib.aclosing(self._client.stream(url, body,
+                                                                   headers)) as chunks:
+                    async for ev in chunks:
+                        # aborted: abort()'s cancellation can be lost, since before
+                        # Python 3.12 asyncio.wait_for (in the client) swallows one
+                        # that races a result; the engine would decode to the end
+                        if req.aborted or self._on_event(rid, req, ev):
+                            break
+            if req.aborted:
+                return  # closed on purpose: no failure of the rank
             if req.received == 0:
                 raise StreamBroken(url, "stream ended without a token", 0)
             self._failed_in_row = 0
@@ -262,6 +270,9 @@ class RemoteDecodeEngine:
         t = self._timeouts
         stream = await open_stream(url, body, {**self._auth, **headers},
                                    lambda ev: self._on_event(rid, req, ev), t.connect_s)
+        if req.aborted:  # its cancellation raced the connect (lost in asyncio.wait_for)
+            stream.close()
+            return
         try:
             await stream.wait(t.first_byte_s, t.stall_s)
         finally:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +160,8 @@ class RemoteEngineClient:
 
     # -- decode stream ------------------------------------------------------------------
     async def stream(self, url: str, body: Mapping[str, Any],
-                     headers: Mapping[str, str] | None = None) -> AsyncIterator[StreamEvent]:
+                     headers: Mapping[str, str] | None = None
+                     ) -> AsyncGenerator[StreamEvent, None]:
         """POST ``body`` to ``url`` and yield its events up to and including ``Done``.
 
         Raises:

@@ -45,11 +45,37 @@ def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) ->
     from ray import serve
 
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    handle = serve.run(build(cfg), name=cfg.app_name, route_prefix=route_prefix,
-                       blocking=blocking)
+    try:
+        handle = serve.run(build(cfg), name=cfg.app_name, route_prefix=route_prefix,
+                           blocking=blocking)
+    except RuntimeError as exc:
+        # Serve's own message names only the failed deployments; the reason (e.g.
+        # "prefill_urls[0] ...: cannot reach the engine") is in their status
+        why = failure_reasons(cfg.app_name)
+        if not why:
+            raise
+        raise RuntimeError(f"{exc} {why}") from exc
     # Wait until the scheduler has found the replicas and formed the barrier group.
     handle.state.remote().result(timeout_s=120)
     return handle
+
+
+def failure_reasons(app_name: str) -> str:
+    """The last line of each failed deployment's error in ``app_name`` ("" if none)."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(app_name)
+    except Exception:  # only an error message depends on it
+        return ""
+    if app is None:
+        return ""
+    reasons = []
+    for name, dep in app.deployments.items():
+        if str(dep.status).endswith("DEPLOY_FAILED") and dep.message:
+            last = [ln for ln in dep.message.strip().splitlines() if ln.strip()][-1]
+            reasons.append(f"{name}: {last.strip()}")
+    return "; ".join(reasons)
 
 
 #: The deployments that make an application a BalanceRoute graph.
