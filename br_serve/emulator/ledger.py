@@ -72,12 +72,16 @@ class KVLedger:
         self.stats.issued += 1
         return hold
 
-    def pull(self, key: str, presented: Mapping[str, Any]) -> Hold:
-        """Release ``key`` as pulled if ``presented`` matches every recorded field."""
+    def pull(self, key: str, presented: Mapping[str, Any],
+             count_unknown: bool = True) -> Hold:
+        """Release ``key`` as pulled if ``presented`` matches every recorded field.
+        ``count_unknown=False``: a key never issued is not counted as refused (the
+        caller waits for it and counts it with :meth:`refuse` only if it never comes)."""
         hold = self._held.get(key)
         if hold is None:
             reason = "released" if key in self.history else "unknown"
-            self.stats.refused[reason] += 1
+            if reason != "unknown" or count_unknown:
+                self.stats.refused[reason] += 1
             what = (f"was already released ({self.history[key]})" if reason == "released"
                     else "was never issued by this prefill server")
             raise KVRefused(reason, f"KV {key!r} {what}")
@@ -89,6 +93,10 @@ class KVLedger:
                                             f"server issued {want!r}")
         self._release(key, "pulled")
         return hold
+
+    def refuse(self, reason: str) -> None:
+        """Count a refusal decided outside :meth:`pull` (a wait that timed out)."""
+        self.stats.refused[reason] += 1
 
     def abort(self, key: str) -> bool:
         if key not in self._held:

@@ -139,7 +139,8 @@ class KVBroker:
     async def pull(self, key: str, presented: Mapping[str, Any], wait_s: float) -> Hold:
         """Pull ``key``; if it was never issued, wait up to ``wait_s`` for it first."""
         try:
-            hold = self.ledger.pull(key, presented)
+            # a pull that will wait is counted refused only if the key never comes
+            hold = self.ledger.pull(key, presented, count_unknown=wait_s <= 0)
         except KVRefused as exc:
             if exc.reason != "unknown" or wait_s <= 0:
                 raise
@@ -148,6 +149,7 @@ class KVBroker:
                 await asyncio.wait_for(ev.wait(), wait_s)
             except asyncio.TimeoutError:
                 self._issued.pop(key, None)
+                self.ledger.refuse("unknown")
                 raise KVRefused("unknown", f"{exc} (waited {wait_s:g} s)") from None
             hold = self.ledger.pull(key, presented)
         self._notify_released(key)
