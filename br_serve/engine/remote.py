@@ -19,10 +19,10 @@ engine: the scheduler, the mirror, the barrier and the policies see no differenc
   own fault); one that failed before its first token also gets its prefill hold
   released (``cancel`` / ``abort_request``: idempotent on the engine). ``abort``
   closes the stream, which makes the engine abort the request.
-- The rank is taken for gone after a connection-level failure whose health probe
-  fails, or ``down_after`` failed streams in a row: :meth:`step` then raises
-  :class:`RemoteRankDown` (the replica looks dead and is replaced; the replacement
-  waits for the rank's health, see :meth:`wait_healthy`).
+- The rank is taken for gone after a 503 (the rank refuses work), a connection-level
+  failure whose health probe fails, or ``down_after`` failed streams in a row:
+  :meth:`step` then raises :class:`RemoteRankDown` (the replica looks dead and is
+  replaced; the replacement waits for the rank's health, see :meth:`wait_healthy`).
 """
 
 from __future__ import annotations
@@ -318,7 +318,11 @@ class RemoteDecodeEngine:
         if isinstance(exc, _CONNECTION) or (isinstance(exc, EngineHTTPError)
                                              and exc.status >= 500):
             self._failed_in_row += 1
-            if self._failed_in_row >= self.down_after or not await self._healthy():
+            # a 503 is the rank itself refusing work (unavailable): out at once, since
+            # the health of a server shared by all ranks cannot show one rank's state
+            unavailable = isinstance(exc, EngineHTTPError) and exc.status == 503
+            if (unavailable or self._failed_in_row >= self.down_after
+                    or not await self._healthy()):
                 down = f"{msg}; rank taken for gone"
         with self._cv:
             self._failures.append((rid, msg, retryable))

@@ -358,20 +358,21 @@ def test_a_dropped_decode_rank_ends_no_other_stream(graph: Graph) -> None:
     each stream on rank 1 ends exactly (re-prefilled elsewhere) or with an explicit
     error after a correct prefix, in bounded time. After the rank recovers the graph
     serves on all ranks again and no KV is left held."""
-    n, max_tokens = 20, 100
+    n, max_tokens = 20, 300  # 3 s of decode at 10 ms a step: time to see them run
     victim: list[int] = []  # the busiest rank when all streams run
     prefix = f"drop-{graph.layout}-"
     ids = [f"{prefix}{i}" for i in range(n)]
 
     async def run() -> tuple[list[list[dict[str, Any]]], float]:
         task = asyncio.ensure_future(_handle_streams(graph, ids, max_tokens, 150))
-        for _ in range(200):
+        deadline = time.monotonic() + 60  # prefill and binding are slow on a loaded host
+        while time.monotonic() < deadline and not task.done():
             await asyncio.sleep(0.05)
             st = await asyncio.to_thread(graph.decode_stats)
             running = [r["running"] for r in st["ranks"]]
             if sum(running) >= n - 2:  # (nearly) all running, none finished yet
                 break
-        assert sum(running) >= n - 2, running
+        assert sum(running) >= n - 2, (running, task.done())
         victim.append(max(range(G), key=running.__getitem__))
         assert running[victim[0]] >= 2 and sum(1 for x in running if x) >= 2, running
         await asyncio.to_thread(graph.fault, victim[0], "drop")
@@ -383,8 +384,10 @@ def test_a_dropped_decode_rank_ends_no_other_stream(graph: Graph) -> None:
     dropped = victim[0]
     outcomes: Counter[str] = Counter()
     for i, items in enumerate(results):
-        first = items[0].get("replica", -1)
         err = items[-1].get("error")
+        first = items[0].get("replica", -1)
+        if first == -1 and err and f"decode rank {dropped} " in err:
+            first = dropped  # bound to the dropped rank, failed before its first token
         texts = [t["text"] for t in items if t.get("error") is None]
         exp = _expected(i, max_tokens)
         if first != dropped:
