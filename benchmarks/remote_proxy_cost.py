@@ -7,6 +7,9 @@ process, and drives ``step()`` in a loop as a decode replica's step thread does.
 the emulator's own CPU per step, side by side.
 
     python benchmarks/remote_proxy_cost.py --streams 16 --tokens 200 --step-b-s 0.03
+
+``--httpx`` measures instead the CPU per chunk of consuming the same streams with
+httpx alone (no parsing): why the proxy reads streams with its own protocol client.
 """
 
 from __future__ import annotations
@@ -45,12 +48,16 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--step-b-s", type=float, default=0.03)
+    ap.add_argument("--httpx", action="store_true",
+                    help="measure bare httpx stream consumption instead of the proxy")
     ap.add_argument("--out", default="results/remote_proxy_cost.json")
     args = ap.parse_args()
     cfg = parse_graph_config(replicas=1, step_b_s=args.step_b_s, step_a_s_per_token=0.0,
                              slots=max(args.streams, 1))
     with emulated_engines(cfg, "vllm") as (remote, durl):
         tickets = asyncio.run(_prefill(remote.prefill_urls[0], args.streams, args.tokens))
+        if args.httpx:
+            return _httpx(durl, tickets, args)
         eng = RemoteDecodeEngine(durl, 0)
         e0 = engine_counters(durl)
         c0, w0 = time.process_time(), time.perf_counter()
@@ -73,6 +80,32 @@ def main() -> int:
            "proxy_cpu_us_per_token": cpu / tokens * 1e6,
            "engine_cpu_ms_per_step": (e1["process_cpu_s"] - e0["process_cpu_s"]) / n * 1e3,
            "wall_ms_per_engine_step": wall / n * 1e3}
+    print(json.dumps(res, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+def _httpx(durl: str, tickets: list[RemoteTicket], args: argparse.Namespace) -> int:
+    async def one(client: httpx.AsyncClient, t: RemoteTicket) -> int:
+        body, headers = t.decode_call(t.request_id, 0)
+        n = 0
+        async with client.stream("POST", durl + "/v1/completions", json=body,
+                                 headers=headers) as r:
+            async for _ in r.aiter_raw():
+                n += 1
+        return n
+
+    async def all_streams() -> int:
+        limits = httpx.Limits(max_connections=1000)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            return sum(await asyncio.gather(*(one(client, t) for t in tickets)))
+
+    c0 = time.process_time()
+    chunks = asyncio.run(all_streams())
+    cpu = time.process_time() - c0
+    res = {"config": vars(args), "httpx_chunks": chunks,
+           "httpx_cpu_us_per_chunk": cpu / chunks * 1e6}
     print(json.dumps(res, indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
