@@ -1,9 +1,10 @@
 """A lean HTTP/1.1 client for decode streams: an asyncio protocol, events by callback.
 
-Why not httpx: measured on this project's machine, httpx spends about 185 µs of CPU per
-streamed chunk (httpcore, h11, anyio layers) before any parsing; one proxy per DP rank
-handles one chunk per running request per decode step, which made the proxying cost
-several ms per step (benchmarks/remote_proxy_cost.py). This client parses the
+Why not httpx: measured on this project's machine, httpx spends about 185-223 µs of
+CPU per streamed chunk (httpcore, h11, anyio layers) before any parsing
+(``benchmarks/remote_proxy_cost.py --httpx``); one proxy per DP rank handles one
+chunk per running request per decode step, which made the proxying cost several ms
+per step. This client parses the
 response in ``data_received`` (status line, headers, ``Transfer-Encoding: chunked``,
 ``Content-Length`` or read-to-close bodies) and feeds the body straight into a
 :class:`~br_serve.remote.sse.DecodeStreamParser`, calling ``on_event`` for each event.
