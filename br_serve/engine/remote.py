@@ -49,7 +49,7 @@ from br_serve.remote.errors import (
     StreamStalled,
 )
 from br_serve.remote.h1stream import open_stream
-from br_serve.remote.requests import endpoint_path
+from br_serve.remote.requests import bearer, endpoint_path
 from br_serve.remote.sse import TokenChunk
 from br_serve.remote.ticket import RemoteTicket
 
@@ -102,9 +102,7 @@ class RemoteDecodeEngine:
                                         name=f"remote-rank-{pin if pin is not None else url}")
         self._thread.start()
         self._client: RemoteEngineClient = self._call(self._make_client(api_key))
-        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        #: decode streams opened so far
-        self.streams_opened = 0
+        self._auth = bearer(api_key)
 
     async def _make_client(self, api_key: str | None) -> RemoteEngineClient:
         return RemoteEngineClient(self._timeouts, api_key=api_key)
@@ -143,7 +141,6 @@ class RemoteDecodeEngine:
         self._reqs[request_id] = req
         req.future = asyncio.run_coroutine_threadsafe(
             self._stream(request_id, req, body, headers), self._loop)
-        self.streams_opened += 1
 
     def step(self) -> list[TokenEvent]:
         with self._cv:

@@ -38,6 +38,7 @@ from br_serve.remote.errors import (
 from br_serve.remote.loads import RankLoad, sglang_rank_loads, vllm_rank_loads
 from br_serve.remote.requests import (
     Bootstrap,
+    bearer,
     check_vllm_kv_params,
     endpoint_path,
     sglang_prefill_request,
@@ -81,10 +82,9 @@ class RemoteEngineClient:
                  max_connections: int = 2048,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.timeouts = timeouts or Timeouts()
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         t = self.timeouts
         self._http = httpx.AsyncClient(
-            headers=headers, transport=transport,
+            headers=bearer(api_key), transport=transport,
             timeout=httpx.Timeout(t.request_s, connect=t.connect_s),
             limits=httpx.Limits(max_connections=max_connections,
                                 max_keepalive_connections=max_connections))

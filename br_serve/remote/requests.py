@@ -44,6 +44,11 @@ VLLM_DECODE_KV_FIELDS = ("remote_engine_id", "remote_block_ids", "remote_host",
 STREAM_OPTIONS: Mapping[str, bool] = {"include_usage": True, "continuous_usage_stats": True}
 
 
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header of an engine's ``--api-key`` (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def endpoint_path(chat: bool) -> str:
     return CHAT_PATH if chat else COMPLETIONS_PATH
 

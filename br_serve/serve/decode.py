@@ -89,6 +89,9 @@ class DecodeReplica:
                                             api_key=self.cfg.engine_api_key),
                              find_keeper=lambda: get_keeper(self.cfg.app_name,
                                                             self.cfg.namespace, 5.0))
+        # a remote rank's capabilities (local engines have neither): resolved once
+        self._nudge: Any = getattr(self.engine, "nudge", None)
+        self._take_failures: Any = getattr(self.engine, "take_failures", None)
         self.backend = collective_backend_for(self.cfg.device)
         #: whether rank 0's reports carry every member's step compute time (only the
         #: scheduler's online calibration reads it)
@@ -174,9 +177,8 @@ class DecodeReplica:
             taken = self.book.pulled(item, kv)  # False: aborted meanwhile (dropped)
             step = self._step
             self._wake_step.notify_all()
-        nudge = getattr(self.engine, "nudge", None)
-        if nudge is not None:  # a remote rank's step may be waiting for tokens
-            nudge()
+        if self._nudge is not None:  # a remote rank's step may be waiting for tokens
+            self._nudge()
         # taken: the engine frees a remote source itself once it pulled it
         self.lease.release(item.kv, consumed=taken)
         return AdmitReply("queued", step, self.incarnation)
@@ -306,7 +308,7 @@ class DecodeReplica:
         t0 = time.perf_counter()
         events = self.engine.step()
         t1 = time.perf_counter()
-        failures = take_failures(self.engine)
+        failures = self._take_failures() if self._take_failures is not None else []
         with self._lock:
             by_owner = self.book.route(events)
             for rid, message, retryable in failures:  # a remote stream that broke
@@ -379,12 +381,6 @@ def remote_rank(cfg: Any, index: int) -> DecodeEngine:
         stall_s=cfg.remote_stall_s), api_key=cfg.engine_api_key)
     engine.wait_healthy(REMOTE_START_WAIT_S)
     return engine
-
-
-def take_failures(engine: Any) -> list[tuple[str, str, bool]]:
-    """A remote engine's failed streams since the last step (local engines have none)."""
-    take = getattr(engine, "take_failures", None)
-    return take() if take is not None else []
 
 
 def _exit_process() -> None:

@@ -25,6 +25,22 @@ from br_serve.transport.lease import KVLease
 log = logging.getLogger(__name__)
 
 
+def over_context(request_id: str, prompt_tokens: int, max_tokens: int, limit: int,
+                 estimated: bool = False) -> PrefillOutput | None:
+    """The 400 for prompt + ``max_tokens`` over ``limit``, else None. It uses OpenAI's
+    and vLLM's "maximum context length" wording, which clients look for to shorten the
+    request; ``estimated``: the prompt length is an estimate (a remote engine counts)."""
+    need = prompt_tokens + max_tokens
+    if need <= limit:
+        return None
+    about = "about " if estimated else ""
+    return PrefillOutput(
+        request_id, prompt_tokens=prompt_tokens, error_status=400,
+        error=(f"prompt: this model's maximum context length is {limit} tokens; the "
+               f"request needs {about}{need} ({about}{prompt_tokens} prompt tokens + "
+               f"max_tokens {max_tokens})"))
+
+
 class PrefillWorker:
     """One prefill replica (wrapped by ``serve.deployment`` in :mod:`br_serve.serve.graph`)."""
 
@@ -68,15 +84,10 @@ class PrefillWorker:
             if s < 1:
                 return PrefillOutput(request_id, error="prompt: must not be empty",
                                      error_status=400)
-            limit = self.cfg.max_context_tokens
-            if s + params.max_tokens > limit:
-                # 400 with OpenAI's and vLLM's "maximum context length" wording, which
-                # clients look for to shorten the request
-                return PrefillOutput(
-                    request_id, prompt_tokens=s, error_status=400,
-                    error=(f"prompt: this model's maximum context length is {limit} "
-                           f"tokens; the request needs {s + params.max_tokens} ({s} prompt "
-                           f"tokens + max_tokens {params.max_tokens})"))
+            refused = over_context(request_id, s, params.max_tokens,
+                                   self.cfg.max_context_tokens)
+            if refused is not None:
+                return refused
             res = self.engine.prefill(request_id, prompt, params)
         try:
             handle = None if res.finished else self.lease.put(request_id, res.kv)

@@ -32,6 +32,7 @@ from typing import Any
 from br_serve.engine.base import SamplingParams
 from br_serve.engine.remote_spec import split_url
 from br_serve.serve.messages import PrefillOutput
+from br_serve.serve.prefill import over_context
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
 
@@ -47,8 +48,9 @@ def check_endpoints(urls: tuple[str, ...], field: str, timeout_s: float,
     does not answer 200 (blocking)."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(timeout=timeout_s, headers=headers) as http:
+    from br_serve.remote.requests import bearer
+
+    with httpx.Client(timeout=timeout_s, headers=bearer(api_key)) as http:
         for i, url in enumerate(urls):
             try:
                 r = http.get(f"{url}/health")
@@ -64,7 +66,7 @@ class RemotePrefillWorker:
     """One replica of the Prefill deployment in front of remote prefill servers."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        from br_serve.remote.client import RemoteEngineClient, Timeouts
+        from br_serve.remote.client import Timeouts
         from br_serve.serve.config import parse_graph_config
         from br_serve.transport.factory import make_transport
         from br_serve.transport.keeper import get_keeper
@@ -80,7 +82,6 @@ class RemotePrefillWorker:
                                   request_s=cfg.remote_first_token_s,
                                   first_byte_s=cfg.remote_first_token_s,
                                   stall_s=cfg.remote_stall_s)
-        self._client_cls = RemoteEngineClient
         self._client: Any = None  # made on the serving loop
         # round robin from a random start, so that replicas do not march in step
         self._next = itertools.count(random.Random(uuid.uuid4().int).randrange(1 << 16))
@@ -91,12 +92,18 @@ class RemotePrefillWorker:
 
     def _http(self) -> Any:
         if self._client is None:
-            self._client = self._client_cls(self._timeouts, api_key=self.cfg.engine_api_key)
+            from br_serve.remote.client import RemoteEngineClient
+
+            self._client = RemoteEngineClient(self._timeouts, api_key=self.cfg.engine_api_key)
         return self._client
 
     async def prefill(self, request_id: str, prompt: str | list[int],
                       params: SamplingParams) -> PrefillOutput:
-        from br_serve.remote.errors import EngineHTTPError, RemoteEngineError
+        from br_serve.remote.errors import (
+            EngineHTTPError,
+            EngineProtocolError,
+            RemoteEngineError,
+        )
 
         if not prompt:
             return PrefillOutput(request_id, error="prompt: must not be empty",
@@ -113,7 +120,7 @@ class RemotePrefillWorker:
             return PrefillOutput(request_id, error=f"prefill engine {url}: {message}",
                                  error_status=status)
         except RemoteEngineError as exc:  # down, timed out, disconnected, bad answer
-            status = 502 if type(exc).__name__ == "EngineProtocolError" else 503
+            status = 502 if isinstance(exc, EngineProtocolError) else 503
             return PrefillOutput(request_id, error=f"prefill engine: {exc}",
                                  error_status=status)
         if isinstance(ticket, PrefillOutput):
@@ -145,12 +152,10 @@ class RemotePrefillWorker:
         from br_serve.remote.ticket import RemoteTicket, completion_body, estimate_prompt_tokens
 
         n = estimate_prompt_tokens(prompt)
-        limit = self.cfg.max_context_tokens
-        if n + params.max_tokens > limit:
-            return PrefillOutput(
-                request_id, prompt_tokens=n, error_status=400,
-                error=(f"prompt: this model's maximum context length is {limit} tokens; "
-                       f"the request needs about {n + params.max_tokens}"))
+        refused = over_context(request_id, n, params.max_tokens,
+                               self.cfg.max_context_tokens, estimated=True)
+        if refused is not None:
+            return refused
         host, port = split_url(url)
         boot = Bootstrap(host, self.cfg.bootstrap_port or port,
                          new_bootstrap_room(self._rooms))
@@ -160,8 +165,12 @@ class RemotePrefillWorker:
             timeout_s=self.cfg.pool_ttl_s + self.cfg.remote_first_token_s))
         done, _ = await asyncio.wait({call}, timeout=_SGLANG_REFUSAL_WAIT_S)
         if done:  # answered at once: a refusal (a success needs its decode first)
+            from br_serve.remote.errors import EngineProtocolError
+
             call.result()  # raises the engine's error
-            raise_unexpected(url)
+            raise EngineProtocolError(url, "the SGLang prefill answered before any decode "
+                                           "took its KV (is it started with "
+                                           "--disaggregation-mode prefill?)")
         self._calls.add(call)
         call.add_done_callback(self._call_ended)
         return RemoteTicket("sglang", url, request_id, body, n, bootstrap=boot)
@@ -171,11 +180,3 @@ class RemotePrefillWorker:
         if not call.cancelled() and call.exception() is not None:
             # expected when the request was released (abort) or its decode failed
             log.debug("prefill: SGLang prefill call ended: %s", call.exception())
-
-
-def raise_unexpected(url: str) -> None:
-    from br_serve.remote.errors import EngineProtocolError
-
-    raise EngineProtocolError(url, "the SGLang prefill answered before any decode took "
-                                   "its KV (is it started with --disaggregation-mode "
-                                   "prefill?)")

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from br_serve.remote.requests import bearer
 from br_serve.remote.ticket import RemoteTicket
 from br_serve.transport.base import KVHandle, TransportError
 
@@ -29,7 +30,7 @@ class RemoteTicketTransport:
     name = "remote"
 
     def __init__(self, api_key: str | None = None, timeout_s: float = 5.0) -> None:
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = bearer(api_key)
         self._timeout_s = timeout_s
         self._http: httpx.Client | None = None
         #: prefill holds this process freed on the engine (for tests and logs)
