@@ -80,6 +80,15 @@ class GraphConfig(ClusterConfig, EngineSpec):
     or one per replica; 1: the engines run the configured model."""
     barrier_timeout_s: float = Field(default=10.0, gt=0)
     """Bound on one collective: a dead peer is detected within it."""
+    event_channel: Literal["tcp", "ray"] = "tcp"
+    """How decode replicas deliver token events to an ingress replica: ``tcp``, each
+    writes them to a TCP port the ingress replica opens on its node's address
+    (``event_channel_host``), authenticated by a random token handed over inside a Ray
+    call (a replica that cannot connect is polled instead); ``ray``, the ingress
+    long-polls every replica after every step (one Ray call each: ~2 ms of CPU here)."""
+    event_channel_host: str | None = None
+    """The address the event channel listens on (default: the node's IP as Ray knows
+    it; set ``127.0.0.1`` when every decode replica runs on the ingress's node)."""
     namespace: str = "br_serve"
     """Ray namespace of the named actors."""
 
@@ -184,6 +193,17 @@ class GraphConfig(ClusterConfig, EngineSpec):
     def keeper_ttl_s(self) -> float | None:
         """The keeper's bound on an unreleased KV (None: its default)."""
         return self.pool_ttl_s if self.is_remote else None
+
+    def channel_host(self) -> str | None:
+        """Where an ingress replica's event channel listens (None: ``event_channel=ray``);
+        call it inside a Ray worker."""
+        if self.event_channel != "tcp":
+            return None
+        if self.event_channel_host:
+            return self.event_channel_host
+        import ray
+
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
     def resolved_api_key(self) -> str | None:
         """The builder argument, else the environment variable, else no key."""

@@ -25,8 +25,10 @@ Contracts:
   (:class:`ReportClock`, :class:`ReplicaReport`). A group with nothing to run waits
   for admissions instead of stepping idle.
 - Events for a request go to the outbox of its ``owner`` (an ingress replica), which
-  long-polls them with :meth:`DecodeReplica.poll`. An ``Admitted`` event precedes its
-  tokens; a request that cannot continue ends with a ``StreamError``.
+  long-polls them with :meth:`DecodeReplica.poll` until the poll hands over the
+  owner's event channel (:mod:`br_serve.serve.channel`); then a pusher writes them to
+  it and the poll only shows liveness. An ``Admitted`` event precedes its tokens; a
+  request that cannot continue ends with a ``StreamError``.
 - On a barrier failure the replica stops stepping, tells the scheduler, and waits for
   ``join`` of a newer generation; its requests stay installed and resume.
 - A fault of the engine itself (anything but the ``ValueError`` of a bad request) ends
@@ -48,6 +50,7 @@ from typing import Any
 
 from br_serve.engine.base import DecodeEngine
 from br_serve.serve.barrier import Barrier, BarrierError, open_store
+from br_serve.serve.channel import ChannelSpec, OwnerChannels
 from br_serve.serve.messages import (
     Admission,
     AdmitReply,
@@ -112,6 +115,7 @@ class DecodeReplica:
         self._last: ReplicaReport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by the first RPC
         self._poll_wake: dict[str, asyncio.Event] = {}
+        self._channels = OwnerChannels(self._take_events)
         self._scheduler: Any = None
         #: what a fault of the step thread does (tests replace it: it ends the process)
         self.on_fatal: Any = _exit_process
@@ -189,22 +193,36 @@ class DecodeReplica:
             self.book.abort(request_id)
             self._wake_step.notify_all()
 
-    async def poll(self, owner: str, timeout_s: float = 1.0) -> list[WireEvent]:
+    async def poll(self, owner: str, timeout_s: float = 1.0,
+                   channel: ChannelSpec | None = None, poll_no: int = 0) -> list[WireEvent]:
         """Events for ``owner`` since its last poll (tokens as :data:`WireToken` tuples);
-        waits up to ``timeout_s`` for some."""
+        waits up to ``timeout_s`` for some. With ``channel`` (the owner's event channel,
+        this poll numbered ``poll_no``) the first such poll answers what is queued and
+        hands the owner over to the channel; later polls wait ``timeout_s`` and answer
+        nothing (liveness), unless the channel could not connect."""
         self._loop = asyncio.get_running_loop()
+        if self._channels.pushing(owner):
+            await asyncio.sleep(timeout_s)
+            return []
+        if channel is not None and self._channels.can_open(owner):
+            return self._channels.open(owner, tuple(channel),  # type: ignore[arg-type]
+                                       (self.index, self.incarnation, poll_no))
         ev = self._poll_wake.setdefault(owner, asyncio.Event())
         if not self._outbox.get(owner):
             ev.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ev.wait(), timeout_s)
+        return self._take_events(owner)
+
+    def _take_events(self, owner: str) -> list[WireEvent]:
         with self._lock:
-            out = self._outbox.pop(owner, [])
-        return out
+            return self._outbox.pop(owner, [])
 
     async def proc_stats(self) -> dict[str, float]:
-        """This process's CPU seconds and the steps run so far (for benchmarks)."""
-        return {"cpu_s": time.process_time(), "steps": float(self._step)}
+        """This process's CPU seconds, the steps run so far and the owners whose events
+        go over an open event channel (for benchmarks and tests)."""
+        return {"cpu_s": time.process_time(), "steps": float(self._step),
+                "channels_open": float(self._channels.open_count())}
 
     async def report(self) -> ReplicaReport | None:
         """The latest full state (used to rebuild a restarted scheduler's mirror)."""
@@ -217,6 +235,8 @@ class DecodeReplica:
 
     # -- internals -------------------------------------------------------------------
     def _emit(self, owner: str, events: list[WireEvent]) -> None:
+        if self._channels.broken(owner):
+            return  # that owner treats this replica as lost (or is gone itself)
         with self._lock:
             self._outbox[owner].extend(events)
         loop = self._loop
@@ -228,6 +248,7 @@ class DecodeReplica:
         ev = self._poll_wake.get(owner)
         if ev is not None:
             ev.set()
+        self._channels.wake(owner)
 
     def _sched(self) -> Any:
         if self._scheduler is None:

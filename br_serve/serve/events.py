@@ -2,7 +2,12 @@
 scheduler watch (a mixin of :class:`br_serve.serve.streams.Streamer`).
 
 - One long-poll loop per decode replica fetches every event for this owner and routes
-  it to the request's queue (a step costs one RPC per replica, not one per token).
+  it to the request's queue, until its poll hands the replica over to this owner's
+  event channel (:mod:`br_serve.serve.channel`, when ``channel_host`` is set): then
+  the replica writes the events to a TCP stream (no Ray call per step) and the poll,
+  once a second, only shows that it lives. Each channel's batches are applied after
+  the reply of the poll that opened it, so every stream keeps its order; a channel
+  that breaks makes its replica lost, like a failed poll.
 - A poll that fails (the replica died) or hangs past ``_POLL_S`` marks the replica
   lost: each request placed on it gets a ``_Lost`` item (its stream re-prefills), the
   scheduler is told, and the replica is replaced by a new actor of the same name, which
@@ -21,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from br_serve.serve.channel import CONNECT_S, ChannelServer, ChannelSpec
 from br_serve.serve.gate import AdmissionGate
 from br_serve.serve.messages import Admission, Admitted
 from br_serve.serve.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
@@ -100,7 +106,8 @@ class StreamerIO:
     owner: str
     gate: AdmissionGate
 
-    def _io_init(self, scheduler: Any, decode: list[Any], replace: Replacer | None) -> None:
+    def _io_init(self, scheduler: Any, decode: list[Any], replace: Replacer | None,
+                 channel_host: str | None = None) -> None:
         self._scheduler = scheduler
         self._decode = list(decode)
         self._replace = replace
@@ -110,24 +117,84 @@ class StreamerIO:
         self._dead: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._incarnation: str | None = None
+        # the event channel (None: polling only); per replica: the last poll sent and
+        # the last applied, the open connection, the first poll a hello may name
+        self._channel_host = channel_host
+        self._channel: ChannelServer | None = None
+        self._channel_spec: ChannelSpec | None = None
+        self._poll_sent: dict[int, int] = {}
+        self._poll_applied: dict[int, int] = {}
+        self._applied_ev: dict[int, asyncio.Event] = {}
+        self._chan_conn: dict[int, object] = {}
+        self._chan_from: dict[int, int] = {}
+        self._chan_broken: set[int] = set()
 
     def _ensure_started(self) -> None:
         if self._tasks:
             return
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._poll_loop(g)) for g in range(len(self._decode))]
+        if self._channel_host is not None:
+            self._tasks.append(loop.create_task(self._open_channel(self._channel_host)))
+        self._tasks += [loop.create_task(self._poll_loop(g)) for g in range(len(self._decode))]
         self._tasks.append(loop.create_task(self._watch_scheduler()))
 
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        if self._channel is not None:
+            await self._channel.close()
+
+    # -- the event channel ------------------------------------------------------------
+    async def _open_channel(self, host: str) -> None:
+        server = ChannelServer(host, self._chan_ready, self._chan_events, self._chan_closed)
+        try:
+            self._channel_spec = await server.start()
+            self._channel = server
+            log.info("ingress %s: event channel on %s:%d", self.owner, host, server.port)
+        except OSError as exc:
+            log.warning("ingress: no event channel on %s (%s); polling only", host, exc)
+
+    async def _chan_ready(self, g: int, poll_no: int, conn: object) -> bool:
+        """A replica's hello names the poll whose reply came before its first batch:
+        wait until that reply is applied; refuse a stale one (from before a loss)."""
+        if poll_no < self._chan_from.get(g, 0) or g >= len(self._decode):
+            return False
+        deadline = time.monotonic() + 2 * CONNECT_S
+        while self._poll_applied.get(g, 0) < poll_no:
+            ev = self._applied_ev.setdefault(g, asyncio.Event())
+            ev.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(ev.wait(), left)
+            except TimeoutError:
+                return False
+        if poll_no < self._chan_from.get(g, 0):  # lost meanwhile
+            return False
+        self._chan_from[g] = poll_no
+        self._chan_conn[g] = conn
+        return True
+
+    def _chan_events(self, g: int, conn: object, events: list[Any]) -> None:
+        if self._chan_conn.get(g) is conn:  # else a connection of a lost replica
+            self._route(g, events)
+
+    def _chan_closed(self, g: int, conn: object) -> None:
+        if self._chan_conn.get(g) is conn:
+            del self._chan_conn[g]
+            self._chan_broken.add(g)  # frames may be lost: the poll loop ends it
 
     # -- decode replicas ----------------------------------------------------------
     async def _poll_loop(self, g: int) -> None:
         while True:
             handle = self._decode[g]
+            spec = self._channel_spec
+            k = self._poll_sent[g] = self._poll_sent.get(g, 0) + 1
             try:
-                events = await asyncio.wait_for(handle.poll.remote(self.owner, 1.0), _POLL_S)
+                call = (handle.poll.remote(self.owner, 1.0) if spec is None
+                        else handle.poll.remote(self.owner, 1.0, spec, k))
+                events = await asyncio.wait_for(call, _POLL_S)
             except (*GONE, *TIMEOUT) as exc:
                 log.warning("ingress: lost decode replica %d: %s", g, exc)
                 if not await self._lost(g, handle):
@@ -137,19 +204,34 @@ class StreamerIO:
                 log.exception("ingress: poll of replica %d raised", g)
                 await asyncio.sleep(1.0)
                 continue
-            for ev in events:
-                rid = ev[0] if type(ev) is tuple else ev.request_id  # tokens are tuples
-                q = self._queues.get(rid)
-                if q is not None:
-                    q.put(ev)
-                elif isinstance(ev, Admitted):
-                    # nobody waits for it any more (client gone): free the slot
-                    handle.abort.remote(rid)
+            self._route(g, events)
+            self._poll_applied[g] = k
+            ev = self._applied_ev.get(g)
+            if ev is not None:
+                ev.set()
+            if g in self._chan_broken:
+                log.warning("ingress: event channel of decode replica %d broke", g)
+                if not await self._lost(g, handle):
+                    return
+
+    def _route(self, g: int, events: list[Any]) -> None:
+        for ev in events:
+            rid = ev[0] if type(ev) is tuple else ev.request_id  # tokens are tuples
+            q = self._queues.get(rid)
+            if q is not None:
+                q.put(ev)
+            elif isinstance(ev, Admitted):
+                # nobody waits for it any more (client gone): free the slot
+                self._decode[g].abort.remote(rid)
 
     async def _lost(self, g: int, handle: Any) -> bool:
         """Replica ``g`` is gone: end its streams' attempts, replace it. False when
         there is nothing to replace it with (then its poll loop ends)."""
         self._dead.add(g)
+        # nothing more from its channel: a later hello must come from a newer poll
+        self._chan_conn.pop(g, None)
+        self._chan_broken.discard(g)
+        self._chan_from[g] = self._poll_sent.get(g, 0) + 1
         for rid, where in list(self._placement.items()):
             if where == g and rid in self._queues:
                 self._queues[rid].put(_Lost(g))

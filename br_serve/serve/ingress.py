@@ -177,7 +177,8 @@ class Ingress:
             return await replace_decode(cfg, g, old)
 
         self.streamer = Streamer(self.cfg, prefill, actors.scheduler, actors.decode,
-                                 KVLease(None, keeper=actors.keeper), replace)
+                                 KVLease(None, keeper=actors.keeper), replace,
+                                 channel_host=self.cfg.channel_host())
         self._metrics: Any = None
         try:
             from br_serve.serve.metrics import IngressMetrics

@@ -70,18 +70,20 @@ class Streamer(StreamerIO):
     """Per-ingress-replica request router (see the module docstring).
 
     ``replace(g, old)`` makes a new actor for a dead decode replica (None: dead replicas
-    stay dead, as in the Ray-free tests).
+    stay dead, as in the Ray-free tests). ``channel_host``: the address this owner's
+    event channel listens on (None: the decode replicas are polled only).
     """
 
     def __init__(self, cfg: GraphConfig, prefill: Any, scheduler: Any, decode: list[Any],
-                 lease: KVLease, replace: Replacer | None = None) -> None:
+                 lease: KVLease, replace: Replacer | None = None,
+                 channel_host: str | None = None) -> None:
         self.cfg = cfg
         self.prefill = prefill
         self.lease = lease
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
         self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool_capacity)
         self._seq = 0
-        self._io_init(scheduler, decode, replace)
+        self._io_init(scheduler, decode, replace, channel_host)
 
     def new_request_id(self) -> str:
         self._seq += 1

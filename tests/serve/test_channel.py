@@ -1,0 +1,247 @@
+"""The event channel (``br_serve.serve.channel``): a real DecodeReplica (fake barrier,
+no Ray) writing to a real Streamer's channel over 127.0.0.1, on one event loop.
+
+Why it matters: tokens leave the Ray RPC path for a TCP stream, so everything the poll
+used to guarantee must hold on the new path too: every event of a stream arrives once
+and in order (``Admitted`` first, including across the poll-to-channel hand-over), a
+connection without the owner's token is refused, a channel that cannot connect falls
+back to polling, and a channel that breaks makes its replica lost (its streams
+re-prefill) instead of silently dropping tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from br_serve.engine.base import SamplingParams
+from br_serve.serve.channel import MAGIC, ChannelError, decode_events, encode_events
+from br_serve.serve.config import parse_graph_config
+from br_serve.serve.decode import DecodeReplica
+from br_serve.serve.events import Inbox, _Lost
+from br_serve.serve.messages import Admission, Admitted, StreamError
+from br_serve.serve.streams import Streamer
+from br_serve.transport.base import KVHandle
+from br_serve.transport.lease import KVLease
+from tests.serve.helpers import RecordingTransport, fake_lease
+from tests.serve.test_decode_step import FakeBarrier
+
+KV_BYTES_PER_TOKEN = 4
+
+_texts = st.text(alphabet=st.characters(codec=None), max_size=8)
+_token = st.tuples(st.text(min_size=1, max_size=12), st.integers(0, 2**31), _texts,
+                   st.integers(0, 10**6), st.booleans(), st.none() | st.just("length"))
+_event = _token | st.builds(Admitted, st.text(max_size=12), st.integers(0, 255)) | \
+    st.builds(StreamError, st.text(max_size=12), _texts, st.booleans())
+
+
+@given(st.lists(_event, max_size=20))
+def test_events_survive_a_frame_exactly(events: list[Any]) -> None:
+    """Any texts (lone surrogates included: byte-level tokens), both message kinds."""
+    data = encode_events(events)
+    (n,) = struct.unpack(">I", data[:4])
+    assert n == len(data) - 4
+    assert decode_events(data[4:]) == events
+
+
+def test_a_malformed_frame_is_a_channel_error() -> None:
+    for bad in (msgpack.packb([(2, "x")]), msgpack.packb([("a", 1)]), b"\xc1"):
+        with pytest.raises(ChannelError):
+            decode_events(bad)
+
+
+class _Local:
+    """``handle.method.remote(*args)`` on an object living in this event loop."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        obj, calls = self.obj, self.calls
+
+        class _M:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                calls.append(name)
+                return asyncio.ensure_future(getattr(obj, name)(*args))
+        return _M
+
+
+class _Sink:
+    """Scheduler / prefill stand-in: answers anything with None."""
+
+    def __getattr__(self, name: str) -> Any:
+        class _M:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(None)
+                return fut
+        return _M
+
+
+def _world(channel_host: str | None = "127.0.0.1") -> tuple[DecodeReplica, _Local, Streamer]:
+    rep = DecodeReplica(0, {"slots": 8, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+                            "step_b_s": 0.002}, "no-scheduler")
+    rep.lease, _ = fake_lease(RecordingTransport())
+    rep._tell_scheduler = lambda *a: True  # type: ignore[method-assign]
+    handle = _Local(rep)
+    cfg = parse_graph_config(replicas=1, slots=8, transport="objref")
+    s = Streamer(cfg, _Sink(), _Sink(), [handle], KVLease(None, keeper=_Sink()),
+                 channel_host=channel_host)
+    return rep, handle, s
+
+
+def _stop(rep: DecodeReplica) -> None:
+    asyncio.run(rep.shutdown())
+    rep._thread.join(5)
+
+
+async def _admit(rep: DecodeReplica, s: Streamer, rid: str, tokens: int) -> Inbox:
+    inbox = Inbox()
+    s._queues[rid] = inbox
+    s._placement[rid] = 0
+    kv = KVHandle("fake", rid, 10 * KV_BYTES_PER_TOKEN)
+    reply = await rep.admit(Admission(rid, s.owner, 10, 7, SamplingParams(max_tokens=tokens),
+                                      kv))
+    assert reply.status == "queued"
+    return inbox
+
+
+async def _collect(inbox: Inbox, tokens: int, timeout_s: float = 20.0) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got += await inbox.take(0.2)
+        if any(type(e) is tuple and e[4] for e in got) or any(
+                isinstance(e, (StreamError, _Lost)) for e in got):
+            break
+    return got
+
+
+def _check_stream(got: list[Any], rid: str, tokens: int) -> None:
+    assert isinstance(got[0], Admitted) and got[0].request_id == rid
+    toks = got[1:]
+    assert [t[3] for t in toks] == list(range(1, tokens))  # token 0 came from prefill
+    assert all(t[0] == rid for t in toks) and toks[-1][4] and toks[-1][5] == "length"
+
+
+def test_streams_arrive_whole_and_in_order_over_the_channel() -> None:
+    rep, handle, s = _world()
+    try:
+        async def go() -> None:
+            s._ensure_started()
+            inboxes = {}
+            # the first request is admitted before the channel exists (polled), the
+            # others while the hand-over happens and after it
+            for i in range(6):
+                inboxes[f"r{i}"] = await _admit(rep, s, f"r{i}", 40 + 10 * i)
+                if i == 0:
+                    with rep._lock:
+                        rep._barrier = FakeBarrier()  # type: ignore[assignment]
+                        rep._wake_step.notify_all()
+                await asyncio.sleep(0.05)
+            for i in range(6):
+                _check_stream(await _collect(inboxes[f"r{i}"], 40 + 10 * i), f"r{i}",
+                              40 + 10 * i)
+            assert rep._channels.open_count() == 1
+            # after the hand-over the poll only shows liveness: far fewer polls than steps
+            assert handle.calls.count("poll") < rep._step / 5
+            await s.close()
+        asyncio.run(go())
+    finally:
+        _stop(rep)
+
+
+def test_a_channel_that_cannot_connect_falls_back_to_polling() -> None:
+    rep, _, s = _world()
+    try:
+        async def go() -> None:
+            s._ensure_started()
+            await asyncio.sleep(0.1)
+            assert s._channel is not None
+            await s._channel.close()  # nothing listens any more: connect is refused
+            assert s._channel_spec is not None
+            s._channel_spec = ("127.0.0.1", _free_port(), s._channel_spec[2])
+            inbox = await _admit(rep, s, "r", 60)
+            with rep._lock:
+                rep._barrier = FakeBarrier()  # type: ignore[assignment]
+                rep._wake_step.notify_all()
+            _check_stream(await _collect(inbox, 60), "r", 60)
+            assert rep._channels.open_count() == 0 and not rep._channels.pushing(s.owner)
+            await s.close()
+        asyncio.run(go())
+    finally:
+        _stop(rep)
+
+
+def test_a_wrong_token_is_refused() -> None:
+    rep, _, s = _world()
+    try:
+        async def go() -> None:
+            s._ensure_started()
+            await asyncio.sleep(0.1)
+            assert s._channel_spec is not None
+            host, port, token = s._channel_spec
+            inbox = Inbox()
+            s._queues["x"] = inbox
+            _, w = await asyncio.open_connection(host, port)
+            hello = msgpack.packb((MAGIC, "0" * len(token), 0, "inc", 0))
+            w.write(struct.pack(">I", len(hello)) + hello)
+            w.write(encode_events([("x", 1, "a", 1, True, "length")]))
+            await w.drain()
+            await asyncio.sleep(0.3)
+            assert await inbox.take(0.01) == [] and s._chan_conn == {}
+            w.close()
+            await s.close()
+        asyncio.run(go())
+    finally:
+        _stop(rep)
+
+
+def test_a_broken_channel_makes_the_replica_lost() -> None:
+    """Frames in flight may be gone: the streams on that replica re-prefill (``_Lost``)."""
+    rep, _, s = _world()
+    try:
+        async def go() -> None:
+            s._ensure_started()
+            inbox = await _admit(rep, s, "r", 10**6)
+            with rep._lock:
+                rep._barrier = FakeBarrier()  # type: ignore[assignment]
+                rep._wake_step.notify_all()
+            deadline = time.monotonic() + 10
+            while rep._channels.open_count() == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert rep._channels.open_count() == 1
+            pusher = rep._channels._pushers[s.owner]
+            assert pusher.task is not None
+            pusher.task.cancel()  # its connection closes mid-stream
+            got = await _collect(inbox, 10**6)
+            assert isinstance(got[-1], _Lost) and 0 in s._dead
+            await s.close()
+        asyncio.run(go())
+    finally:
+        _stop(rep)
+
+
+def _free_port() -> int:
+    from tests.serve.helpers import free_port
+
+    return free_port()
+
+
+def test_the_wire_tokens_equal_what_the_engine_produced() -> None:
+    """Tokens decoded from a frame are the same tuples the poll returned (types too)."""
+    t = ("rid", np.int64(5).item(), "é\udcff", 3, False, None)
+    (back,) = decode_events(encode_events([t])[4:])
+    assert back == t and type(back) is tuple and [type(x) for x in back] == [
+        type(x) for x in t]
