@@ -347,3 +347,22 @@ class RemoteDecodeEngine:
                 log.warning("remote rank %s: release at %s: %s", self.pin, url, exc)
         except RemoteEngineError as exc:
             log.warning("remote rank %s: release at %s: %s", self.pin, url, exc)
+
+
+#: a remote rank's proxy waits this long for the rank's health before it gives up
+REMOTE_START_WAIT_S = 30.0
+
+
+def remote_rank(cfg: Any, index: int) -> RemoteDecodeEngine:
+    """The proxy of remote DP rank ``index`` of a graph config (waits for its health,
+    bounded).
+
+    Raises:
+        RemoteRankDown: the rank did not answer ``/health`` in time.
+    """
+    url, pin = cfg.decode_target(index)
+    engine = RemoteDecodeEngine(url, pin, Timeouts(
+        connect_s=cfg.remote_connect_s, first_byte_s=cfg.remote_first_token_s,
+        stall_s=cfg.remote_stall_s), api_key=cfg.engine_api_key)
+    engine.wait_healthy(REMOTE_START_WAIT_S)
+    return engine

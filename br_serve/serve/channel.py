@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
+import operator
 import secrets
 import struct
 from collections.abc import Awaitable, Callable
@@ -40,7 +42,7 @@ from typing import Any
 
 import msgpack
 
-from br_serve.serve.messages import Admitted, StreamError, WireEvent
+from br_serve.serve.messages import Admitted, ReplicaReport, StreamError, WireEvent
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,23 @@ def decode_events(payload: bytes) -> list[WireEvent]:
         else:
             raise ChannelError(f"bad event: {e!r}")
     return out
+
+
+_REPORT_FIELDS = tuple(f.name for f in dataclasses.fields(ReplicaReport))
+_report_tuple = operator.attrgetter(*_REPORT_FIELDS)
+
+
+def encode_report(rep: ReplicaReport) -> bytes:
+    """One frame for a report: its fields in declaration order."""
+    return frame(_report_tuple(rep))
+
+
+def decode_reports(payload: bytes) -> list[ReplicaReport]:
+    try:
+        fields = msgpack.unpackb(payload, use_list=False)
+        return [ReplicaReport(*fields)]
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ChannelError(f"bad report: {exc}") from exc
 
 
 async def read_frame(reader: asyncio.StreamReader) -> bytes:
@@ -162,6 +181,8 @@ class Pusher:
 class ChannelServer:
     """Owner side: accepts replicas' channels and hands their batches on.
 
+    The scheduler runs one for the decode replicas' reports (``decode``:
+    :func:`decode_reports`), each ingress replica one for its events.
     ``ready(replica, poll_no)`` returns once the owner has applied that replica's poll
     reply ``poll_no`` (and tells whether the connection may be used: False drops it);
     ``on_events(replica, conn, events)`` gets each batch; ``on_closed(replica, conn)``
@@ -169,9 +190,11 @@ class ChannelServer:
     """
 
     def __init__(self, host: str, ready: Callable[[int, int, object], Awaitable[bool]],
-                 on_events: Callable[[int, object, list[WireEvent]], None],
-                 on_closed: Callable[[int, object], None]) -> None:
+                 on_events: Callable[[int, object, list[Any]], None],
+                 on_closed: Callable[[int, object], None],
+                 decode: Callable[[bytes], list[Any]] = decode_events) -> None:
         self.host = host
+        self._decode = decode
         self.token = secrets.token_hex(16)
         self._ready = ready
         self._on_events = on_events
@@ -203,7 +226,7 @@ class ChannelServer:
             if not await self._ready(replica, poll_no, conn):
                 return
             while True:
-                self._on_events(replica, conn, decode_events(await read_frame(reader)))
+                self._on_events(replica, conn, self._decode(await read_frame(reader)))
         except (asyncio.IncompleteReadError, OSError, TimeoutError):
             pass  # closed: on_closed decides what it means
         except (ChannelError, ValueError, TypeError) as exc:
@@ -253,3 +276,55 @@ class OwnerChannels:
         p = self._pushers.get(owner)
         if p is not None:
             p.wake()
+
+
+class ReportPusher:
+    """Replica side: reports to the scheduler over its channel (``send`` runs on the
+    replica actor's loop, in the order the step thread handed them over). ``lost`` is
+    set when a report could not be written: the step thread then sends its next one in
+    full (the scheduler's mirror rebuilds that replica's rows from it)."""
+
+    #: a scheduler this far behind is treated as gone (reports go through Ray again)
+    MAX_BUFFER_BYTES = 8 << 20
+
+    def __init__(self, spec: ChannelSpec, hello: tuple[Any, ...]) -> None:
+        self.spec = spec
+        self._hello = hello
+        self.state = "connecting"
+        self.lost = False
+        self._writer: asyncio.StreamWriter | None = None
+
+    def start(self) -> None:
+        asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        host, port, token = self.spec
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                    CONNECT_S)
+            writer.write(frame((MAGIC, token, *self._hello)))
+            await asyncio.wait_for(writer.drain(), CONNECT_S)
+        except (OSError, TimeoutError) as exc:
+            log.warning("report channel to %s:%d: %s; reporting through Ray", host, port,
+                        exc)
+            self.state = "failed"
+            return
+        self._writer, self.state = writer, "open"
+        with contextlib.suppress(OSError, ConnectionError):
+            await reader.read()  # the scheduler never writes: this returns at close
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        w = self._writer
+        if (self.state != "open" or w is None or w.is_closing()
+                or w.transport.get_write_buffer_size() > self.MAX_BUFFER_BYTES):
+            self.lost = True
+            self.close()
+            return
+        w.write(data)
+
+    def close(self) -> None:
+        if self.state == "open":  # what it wrote last may not have arrived
+            self.state, self.lost = "broken", True
+        if self._writer is not None:
+            self._writer.close()

@@ -50,7 +50,7 @@ from typing import Any
 
 from br_serve.engine.base import DecodeEngine
 from br_serve.serve.barrier import Barrier, BarrierError, open_store
-from br_serve.serve.channel import ChannelSpec, OwnerChannels
+from br_serve.serve.channel import ChannelSpec, OwnerChannels, ReportPusher, encode_report
 from br_serve.serve.messages import (
     Admission,
     AdmitReply,
@@ -67,8 +67,6 @@ log = logging.getLogger(__name__)
 
 #: An idle group steps this often at most (an admission wakes a replica at once).
 _IDLE_WAIT_S = 0.05
-#: a remote rank's proxy waits this long for the rank's health before it gives up
-REMOTE_START_WAIT_S = 30.0
 
 
 class DecodeReplica:
@@ -76,6 +74,7 @@ class DecodeReplica:
 
     def __init__(self, index: int, config: dict[str, Any], scheduler_name: str) -> None:
         from br_serve.engine.factory import collective_backend_for, make_engine
+        from br_serve.engine.remote import remote_rank
         from br_serve.serve.config import parse_graph_config
         from br_serve.transport.factory import make_transport
         from br_serve.transport.keeper import get_keeper
@@ -116,6 +115,8 @@ class DecodeReplica:
         self._loop: asyncio.AbstractEventLoop | None = None  # set by the first RPC
         self._poll_wake: dict[str, asyncio.Event] = {}
         self._channels = OwnerChannels(self._take_events)
+        self._reports: ReportPusher | None = None  # the scheduler's report channel
+        self._reports_used: ReportPusher | None = None
         self._scheduler: Any = None
         #: what a fault of the step thread does (tests replace it: it ends the process)
         self.on_fatal: Any = _exit_process
@@ -186,6 +187,18 @@ class DecodeReplica:
         # taken: the engine frees a remote source itself once it pulled it
         self.lease.release(item.kv, consumed=taken)
         return AdmitReply("queued", step, self.incarnation)
+
+    async def report_to(self, spec: ChannelSpec) -> None:
+        """Send reports over the scheduler's report channel ``spec`` from now on (a
+        channel that cannot connect or breaks: through Ray, as before)."""
+        self._loop = asyncio.get_running_loop()
+        cur, spec = self._reports, tuple(spec)  # type: ignore[assignment]
+        if cur is not None and cur.spec == spec and cur.state in ("connecting", "open"):
+            return
+        if cur is not None:
+            cur.close()
+        self._reports = ReportPusher(spec, (self.index, self.incarnation, 0))
+        self._reports.start()
 
     async def abort(self, request_id: str) -> None:
         """The owner gave ``request_id`` up: free its slot (no-op if not held here)."""
@@ -258,8 +271,17 @@ class DecodeReplica:
         return self._scheduler
 
     def _tell_scheduler(self, method: str, *args: Any) -> bool:
-        """Fire-and-forget call; False if the scheduler could not be found (restarting:
-        it rebuilds from :meth:`report`)."""
+        """Fire-and-forget call (a report over the report channel when it is open); False
+        if the scheduler could not be found (restarting: it rebuilds from
+        :meth:`report`) or the channel lost a report (the next one goes in full)."""
+        rc, loop = self._reports, self._loop
+        if method == "report" and rc is not None:
+            if rc.lost:
+                rc.lost = False
+                return False
+            if rc.state == "open" and loop is not None:
+                loop.call_soon_threadsafe(rc.send, encode_report(args[0]))
+                return True
         try:
             getattr(self._sched(), method).remote(*args)
             return True
@@ -338,6 +360,10 @@ class DecodeReplica:
                     by_owner.setdefault(owner, []).append(
                         StreamError(rid, message, retryable))
             finished, dropped, started = self.book.take_report()
+        rc = self._reports
+        if rc is not None and rc is not self._reports_used and rc.state == "open":
+            self._reports_used = rc  # a new channel starts with a full report
+            self._clock.sent(False, t1)
         flag, full = self._clock.decide(news=bool(finished or dropped or started),
                                         barrier_step=barrier.steps + 1, now_s=t1)
         try:
@@ -385,23 +411,6 @@ class DecodeReplica:
                     owner = self.book.install_failed(a.request_id)
                 self._emit(owner or a.owner, [StreamError(a.request_id,
                                                           f"admit failed: {exc}")])
-
-
-def remote_rank(cfg: Any, index: int) -> DecodeEngine:
-    """The proxy of remote DP rank ``index`` (waits for its health, bounded).
-
-    Raises:
-        RemoteRankDown: the rank did not answer ``/health`` in time.
-    """
-    from br_serve.engine.remote import RemoteDecodeEngine
-    from br_serve.remote.client import Timeouts
-
-    url, pin = cfg.decode_target(index)
-    engine = RemoteDecodeEngine(url, pin, Timeouts(
-        connect_s=cfg.remote_connect_s, first_byte_s=cfg.remote_first_token_s,
-        stall_s=cfg.remote_stall_s), api_key=cfg.engine_api_key)
-    engine.wait_healthy(REMOTE_START_WAIT_S)
-    return engine
 
 
 def _exit_process() -> None:

@@ -14,7 +14,12 @@ A mixin of :class:`br_serve.serve.scheduler.Scheduler`; every decision is the pu
   it cannot come back half-alive); one whose ``ping`` raised is alive (a bug is logged,
   it is not a death);
 - forming a generation is bounded by the barrier's join timeout, and retried among the
-  replicas still alive.
+  replicas still alive;
+- the decode replicas report over the scheduler's report channel
+  (:mod:`br_serve.serve.channel`, ``event_channel=tcp``): bootstrap opens it, and it is
+  announced to every member of every generation (and of an adopted one), so a
+  replacement or a replica that lost it gets it again; a replica without it reports
+  through Ray (:meth:`Scheduler.report`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
+from br_serve.serve.channel import ChannelServer, ChannelSpec, decode_reports
 from br_serve.serve.config import GraphConfig
 from br_serve.serve.messages import AdmitReply, ReplicaReport
 from br_serve.serve.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
@@ -65,6 +71,41 @@ class SchedulerIO:
         self._main: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._metrics: Any = None
+        self._report_server: ChannelServer | None = None
+        self._report_spec: ChannelSpec | None = None
+
+    def _on_report(self, rep: ReplicaReport) -> None:
+        raise NotImplementedError  # the Scheduler's
+
+    # -- the report channel ----------------------------------------------------------
+    async def _open_report_channel(self) -> None:
+        host = self.cfg.channel_host()
+        if host is None:
+            return
+
+        async def ready(g: int, _poll_no: int, _conn: object) -> bool:
+            return 0 <= g < len(self.decode_names)
+
+        def reports(g: int, _conn: object, reps: list[ReplicaReport]) -> None:
+            for rep in reps:
+                if rep.replica == g:  # a replica reports only for itself
+                    self._on_report(rep)
+
+        server = ChannelServer(host, ready, reports, lambda g, conn: None,
+                               decode=decode_reports)
+        try:
+            self._report_spec = await server.start()
+            self._report_server = server
+        except OSError as exc:
+            log.warning("scheduler: no report channel on %s (%s)", host, exc)
+
+    def _announce_reports(self, members: tuple[int, ...]) -> None:
+        """Tell ``members`` where to report (a no-op on a replica that already does)."""
+        if self._report_spec is None:
+            return
+        for g in members:
+            if self.decode[g] is not None:
+                self.decode[g].report_to.remote(self._report_spec)
 
     # -- lifecycle --------------------------------------------------------------------
     def _start(self) -> None:
@@ -129,6 +170,7 @@ class SchedulerIO:
 
     async def _bootstrap(self) -> None:
         """Find the replicas, rebuild the mirror from them, adopt or form the group."""
+        await self._open_report_channel()
         self.decode = await self._lookup(LOOKUP_S)
         found = [g for g, h in enumerate(self.decode) if h is not None]
         pings = await self._ping_all(found, START_S)  # waits for their constructors
@@ -145,6 +187,8 @@ class SchedulerIO:
         if not self.core.members.adopt({g: p[0] for g, p in pings.items()}, reports):
             self.core.members.at_least(max((p[0] for p in pings.values()), default=0))
             await self._form_group(tuple(sorted(pings)))
+        else:
+            self._announce_reports(self.core.members.members)
         log.info("scheduler %s ready: generation %d, members %s", self.incarnation,
                  self.core.members.generation, self.core.members.members)
 
@@ -219,6 +263,7 @@ class SchedulerIO:
                 log.warning("scheduler: forming generation %d failed: %s", gen, exc)
                 oks = [False] * len(members)
             if all(ok is True for ok in oks):
+                self._announce_reports(members)
                 return
             alive = await self._ping_all(list(members))
             for g in members:

@@ -99,7 +99,12 @@ class Scheduler(SchedulerIO):
         return self.core.locate(request_id)
 
     async def report(self, rep: ReplicaReport) -> None:
+        """A replica's report through Ray (before its report channel is open, or when
+        that channel failed)."""
         self._start()
+        self._on_report(rep)
+
+    def _on_report(self, rep: ReplicaReport) -> None:
         out = self.core.on_report(rep)
         if self._metrics is not None:
             if out.imbalance_tokens is not None:

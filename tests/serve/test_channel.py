@@ -245,3 +245,82 @@ def test_the_wire_tokens_equal_what_the_engine_produced() -> None:
     (back,) = decode_events(encode_events([t])[4:])
     assert back == t and type(back) is tuple and [type(x) for x in back] == [
         type(x) for x in t]
+
+
+def test_a_report_survives_a_frame_exactly() -> None:
+    from br_serve.serve.channel import decode_reports, encode_report
+    from br_serve.serve.messages import ReplicaReport
+
+    rep = ReplicaReport(replica=3, generation=2, step=17, load_tokens=900,
+                        running_ids=("a", "b"), prompt_tokens=(400, 480),
+                        decoded_tokens=(9, 11), finished_ids=("c",),
+                        finished_output_tokens=(30,), members=(0, 3),
+                        barrier_loads=(800, 900), barrier_running=(2, 2), compute_s=0.0123,
+                        barrier_s=0.004, dropped_ids=("d",), incarnation="inc",
+                        barrier_step=5, full=False, barrier_flags=(0, 1),
+                        barrier_compute_s=(0.01, 0.0123))
+    assert decode_reports(encode_report(rep)[4:]) == [rep]
+
+
+class _RaySched:
+    """What ``_sched()`` returns in the fallback test: records Ray-path reports."""
+
+    def __init__(self) -> None:
+        self.reports: list[Any] = []
+        outer = self
+
+        class _Report:
+            @staticmethod
+            def remote(rep: Any) -> None:
+                outer.reports.append(rep)
+        self.report = _Report
+
+
+def test_reports_go_over_the_report_channel_and_fall_back_to_ray_when_it_breaks() -> None:
+    from br_serve.serve.channel import ChannelServer, decode_reports
+
+    rep = DecodeReplica(0, {"slots": 8, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+                            "step_b_s": 0.002}, "no-scheduler")
+    rep.lease, _ = fake_lease(RecordingTransport())
+    ray_sched = _RaySched()
+    rep._sched = lambda: ray_sched  # type: ignore[method-assign]
+    got: list[Any] = []
+    conns: list[object] = []
+
+    async def ready(g: int, _k: int, conn: object) -> bool:
+        conns.append(conn)
+        return True
+
+    try:
+        async def go() -> None:
+            server = ChannelServer("127.0.0.1", ready, lambda g, c, reps: got.extend(reps),
+                                   lambda g, c: None, decode=decode_reports)
+            spec = await server.start()
+            s = Streamer(parse_graph_config(replicas=1, slots=8, transport="objref"),
+                         _Sink(), _Sink(), [_Local(rep)], KVLease(None, keeper=_Sink()))
+            await rep.report_to(spec)
+            await asyncio.sleep(0.2)
+            assert rep._reports is not None and rep._reports.state == "open"
+            inbox = await _admit(rep, s, "r", 10**6)
+            with rep._lock:
+                rep._barrier = FakeBarrier()  # type: ignore[assignment]
+                rep._wake_step.notify_all()
+            deadline = time.monotonic() + 10
+            while len(got) < 20 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(got) >= 20  # rank 0 of a busy group reports every step
+            assert got[0].full and got[0].running_ids == ("r",)
+            steps = [r.step for r in got]
+            assert steps == sorted(steps) and len(set(steps)) == len(steps)
+            assert not ray_sched.reports  # nothing went through Ray meanwhile
+            await server.close()
+            rep._reports.close()  # the scheduler went away: the channel is broken
+            deadline = time.monotonic() + 10
+            while len(ray_sched.reports) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(ray_sched.reports) >= 3
+            assert ray_sched.reports[0].full  # after a loss: the full state first
+            del inbox
+        asyncio.run(go())
+    finally:
+        _stop(rep)
