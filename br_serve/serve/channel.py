@@ -14,7 +14,9 @@ Protocol (one connection per (replica, owner), replica -> owner only):
 - the first frame is the hello ``[MAGIC, token, replica, incarnation, poll_no]``:
   ``token`` is the owner's secret (128 random bits, handed to the replica inside the
   poll RPC, i.e. over Ray's own authenticated channel; a wrong one is dropped),
-  ``poll_no`` the poll whose reply was the last batch taken by polling;
+  ``poll_no`` the poll whose reply was the last batch taken by polling; the owner
+  answers one byte ``ACK`` once it will apply the channel's frames (or closes: then
+  the replica, which took nothing yet, goes back to being polled);
 - every later frame is one batch of events: a token is its :data:`WireToken` array,
   an :class:`Admitted` is ``[0, request_id, replica]``, a :class:`StreamError`
   ``[1, request_id, message, retryable]``.
@@ -52,6 +54,10 @@ _LEN = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 << 20
 #: bound on connecting and on the hello (then the replica falls back to polling)
 CONNECT_S = 5.0
+#: bound on the owner's acknowledgement (it first applies the poll the hello names,
+#: whose reply may be slow on a loaded host)
+ACK_S = 60.0
+ACK = b"\x01"
 #: ``(host, port, token)`` of an owner's channel, as it travels in a poll
 ChannelSpec = tuple[str, int, str]
 
@@ -150,13 +156,15 @@ class Pusher:
     async def _run(self) -> None:
         host, port, token = self.spec
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
-                                               CONNECT_S)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                    CONNECT_S)
             writer.write(frame((MAGIC, token, *self._hello)))
             await asyncio.wait_for(writer.drain(), CONNECT_S)
-        except (OSError, TimeoutError) as exc:
-            log.warning("event channel to %s:%d: %s; polling instead", host, port, exc)
-            self.state = "failed"
+            if await asyncio.wait_for(reader.readexactly(1), ACK_S) != ACK:
+                raise ChannelError("no acknowledgement")
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ChannelError) as exc:
+            log.warning("event channel to %s:%d: %r; polling instead", host, port, exc)
+            self.state = "failed"  # nothing was taken: polling takes over
             return
         self.state = "open"
         log.info("event channel to %s:%d open", host, port)
@@ -225,6 +233,8 @@ class ChannelServer:
             replica, poll_no = int(hello[2]), int(hello[4])
             if not await self._ready(replica, poll_no, conn):
                 return
+            writer.write(ACK)
+            await writer.drain()
             while True:
                 self._on_events(replica, conn, self._decode(await read_frame(reader)))
         except (asyncio.IncompleteReadError, OSError, TimeoutError):

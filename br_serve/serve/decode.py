@@ -232,10 +232,12 @@ class DecodeReplica:
             return self._outbox.pop(owner, [])
 
     async def proc_stats(self) -> dict[str, float]:
-        """This process's CPU seconds, the steps run so far and the owners whose events
-        go over an open event channel (for benchmarks and tests)."""
+        """This process's CPU seconds, the steps run so far, the owners whose events go
+        over an open event channel and whether reports do (for benchmarks and tests)."""
+        rc = self._reports
         return {"cpu_s": time.process_time(), "steps": float(self._step),
-                "channels_open": float(self._channels.open_count())}
+                "channels_open": float(self._channels.open_count()),
+                "reports_open": float(rc is not None and rc.state == "open")}
 
     async def report(self) -> ReplicaReport | None:
         """The latest full state (used to rebuild a restarted scheduler's mirror)."""

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from br_serve.serve.channel import CONNECT_S, ChannelServer, ChannelSpec
+from br_serve.serve.channel import ACK_S, ChannelServer, ChannelSpec
 from br_serve.serve.gate import AdmissionGate
 from br_serve.serve.messages import Admission, Admitted
 from br_serve.serve.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
@@ -157,21 +157,20 @@ class StreamerIO:
     async def _chan_ready(self, g: int, poll_no: int, conn: object) -> bool:
         """A replica's hello names the poll whose reply came before its first batch:
         wait until that reply is applied; refuse a stale one (from before a loss)."""
-        if poll_no < self._chan_from.get(g, 0) or g >= len(self._decode):
-            return False
-        deadline = time.monotonic() + 2 * CONNECT_S
-        while self._poll_applied.get(g, 0) < poll_no:
+        # that poll either comes back (applied) or fails (the replica is lost, which
+        # moves _chan_from past it); the bound is only a backstop below ACK_S
+        deadline = time.monotonic() + min(ACK_S / 2, 2 * _POLL_S)
+        while True:
+            if poll_no < self._chan_from.get(g, 0) or g >= len(self._decode):
+                return False
+            if self._poll_applied.get(g, 0) >= poll_no:
+                break
             ev = self._applied_ev.setdefault(g, asyncio.Event())
             ev.clear()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
             try:
-                await asyncio.wait_for(ev.wait(), left)
+                await asyncio.wait_for(ev.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 return False
-        if poll_no < self._chan_from.get(g, 0):  # lost meanwhile
-            return False
         self._chan_from[g] = poll_no
         self._chan_conn[g] = conn
         return True
@@ -232,6 +231,9 @@ class StreamerIO:
         self._chan_conn.pop(g, None)
         self._chan_broken.discard(g)
         self._chan_from[g] = self._poll_sent.get(g, 0) + 1
+        ev = self._applied_ev.get(g)
+        if ev is not None:  # a hello waiting for this replica's poll: refuse it now
+            ev.set()
         for rid, where in list(self._placement.items()):
             if where == g and rid in self._queues:
                 self._queues[rid].put(_Lost(g))

@@ -324,3 +324,31 @@ def test_reports_go_over_the_report_channel_and_fall_back_to_ray_when_it_breaks(
         asyncio.run(go())
     finally:
         _stop(rep)
+
+
+def test_a_refused_hello_loses_nothing_and_polling_takes_over() -> None:
+    """An owner that will not apply the channel (a stale or too slow hand-over) closes
+    it unacknowledged: the replica took nothing from the outbox, so the poll delivers
+    the whole stream."""
+    rep, _, s = _world()
+
+    async def refuse(g: int, poll_no: int, conn: object) -> bool:
+        return False
+
+    s._chan_ready = refuse  # type: ignore[method-assign]
+    try:
+        async def go() -> None:
+            s._ensure_started()
+            await asyncio.sleep(0.1)
+            assert s._channel is not None
+            s._channel._ready = refuse
+            inbox = await _admit(rep, s, "r", 80)
+            with rep._lock:
+                rep._barrier = FakeBarrier()  # type: ignore[assignment]
+                rep._wake_step.notify_all()
+            _check_stream(await _collect(inbox, 80), "r", 80)
+            assert rep._channels._pushers[s.owner].state == "failed"
+            await s.close()
+        asyncio.run(go())
+    finally:
+        _stop(rep)

@@ -176,6 +176,21 @@ def test_100_concurrent_requests_all_finish(port: int) -> None:
     _check_exact(results, 20)
 
 
+def _channel_stats(app: str, replicas: int) -> list[dict[str, float]]:
+    import ray
+
+    return ray.get([ray.get_actor(f"{app}:decode:{g}", namespace="br_serve")
+                    .proc_stats.remote() for g in range(replicas)])
+
+
+def test_events_and_reports_travel_over_the_channels(port: int) -> None:
+    """With the default ``event_channel=tcp`` no replica is left on the polling path:
+    each writes the ingress's events and its reports to the channels."""
+    asyncio.run(_many(port, 6, 5))
+    stats = _channel_stats("balance_route", 3)
+    assert all(s["channels_open"] == 1 and s["reports_open"] == 1 for s in stats), stats
+
+
 def test_calibration_finds_the_slow_replica(client: httpx.Client) -> None:
     """After the traffic above, each replica's fit prices a typical step near its
     engine's time (measured compute: the modelled sleep plus this busy host's wake-up
@@ -325,6 +340,12 @@ def test_scheduler_restart_loses_no_pool_request(port: int, client: httpx.Client
     after = client.get("/v1/br/state").json()
     assert after["incarnation"] != before
     assert after["pool_size"] == 0
+    # the new scheduler adopted the group and announced its own report channel
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(
+            s["reports_open"] == 1 for s in _channel_stats("balance_route", 3)):
+        time.sleep(0.2)
+    assert all(s["reports_open"] == 1 for s in _channel_stats("balance_route", 3))
 
 
 def test_killing_a_decode_replica_ends_no_other_stream(port: int, client: httpx.Client) -> None:
