@@ -131,6 +131,30 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(n)
 
 
+async def connect(spec: ChannelSpec, hello: tuple[Any, ...]
+                  ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a channel: connect, send the hello, wait for the owner's ``ACK``.
+
+    Raises:
+        ChannelError: refused, unreachable, or not acknowledged in time.
+    """
+    host, port, token = spec
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                CONNECT_S)
+    except (OSError, TimeoutError) as exc:
+        raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
+    try:
+        writer.write(frame((MAGIC, token, *hello)))
+        await asyncio.wait_for(writer.drain(), CONNECT_S)
+        if await asyncio.wait_for(reader.readexactly(1), ACK_S) != ACK:
+            raise ChannelError("not acknowledged")
+    except (OSError, TimeoutError, asyncio.IncompleteReadError, ChannelError) as exc:
+        writer.close()
+        raise ChannelError(f"{type(exc).__name__}: {exc}") from exc
+    return reader, writer
+
+
 class Pusher:
     """Replica side: writes one owner's outbox to that owner's channel (runs on the
     replica actor's event loop). ``take()`` empties the outbox; :meth:`wake` says
@@ -154,16 +178,11 @@ class Pusher:
         self._wake.set()
 
     async def _run(self) -> None:
-        host, port, token = self.spec
+        host, port, _ = self.spec
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
-                                                    CONNECT_S)
-            writer.write(frame((MAGIC, token, *self._hello)))
-            await asyncio.wait_for(writer.drain(), CONNECT_S)
-            if await asyncio.wait_for(reader.readexactly(1), ACK_S) != ACK:
-                raise ChannelError("no acknowledgement")
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, ChannelError) as exc:
-            log.warning("event channel to %s:%d: %r; polling instead", host, port, exc)
+            _, writer = await connect(self.spec, self._hello)
+        except ChannelError as exc:
+            log.warning("event channel to %s:%d: %s; polling instead", host, port, exc)
             self.state = "failed"  # nothing was taken: polling takes over
             return
         self.state = "open"
@@ -308,13 +327,10 @@ class ReportPusher:
         asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        host, port, token = self.spec
+        host, port, _ = self.spec
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
-                                                    CONNECT_S)
-            writer.write(frame((MAGIC, token, *self._hello)))
-            await asyncio.wait_for(writer.drain(), CONNECT_S)
-        except (OSError, TimeoutError) as exc:
+            reader, writer = await connect(self.spec, self._hello)
+        except ChannelError as exc:
             log.warning("report channel to %s:%d: %s; reporting through Ray", host, port,
                         exc)
             self.state = "failed"
