@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +117,11 @@ def main() -> None:
     spec = ray.get(srv.listen.remote())
     n = args.calls
     rows = []
-    for name, call in (("ray poll (16 tokens, awaited)", lambda: cli.polls.remote(srv, n)),
-                       ("ray report (fire-and-forget)", lambda: cli.reports.remote(srv, n, rep)),
-                       ("channel frame (16 tokens)", lambda: cli.frames.remote(spec, n))):
+    cases: list[tuple[str, Callable[[], Any]]] = [
+        ("ray poll (16 tokens, awaited)", lambda: cli.polls.remote(srv, n)),
+        ("ray report (fire-and-forget)", lambda: cli.reports.remote(srv, n, rep)),
+        ("channel frame (16 tokens)", lambda: cli.frames.remote(spec, n))]
+    for name, call in cases:
         ray.get(call())  # warm
         s0, f0 = ray.get(srv.stats.remote())
         client_s = ray.get(call())
