@@ -1,4 +1,5 @@
-"""The event channel: a decode replica's events for one owner over one TCP stream.
+"""The channels: a decode replica's events for one owner (an ingress replica), and its
+reports for the scheduler, each over one TCP stream instead of a Ray call per step.
 
 A Ray actor call costs this 2-core host about 1 ms of CPU on each side (measured:
 ``benchmarks/rpc_cost.py``), so the ingress's long-poll of every decode replica after
@@ -8,7 +9,8 @@ decode replica writes that owner's events to it as length-prefixed msgpack frame
 vLLM's engine core does to its API server over ZeroMQ. The long-poll stays, once a
 second, for liveness and as the fallback when a replica cannot connect.
 
-Protocol (one connection per (replica, owner), replica -> owner only):
+Protocol (one connection per (replica, owner); after the hello only the replica
+writes, the owner's one byte of acknowledgement aside):
 
 - frame: 4-byte big-endian length, then a msgpack array;
 - the first frame is the hello ``[MAGIC, token, replica, incarnation, poll_no]``:
@@ -259,7 +261,7 @@ class ChannelServer:
         except (asyncio.IncompleteReadError, OSError, TimeoutError):
             pass  # closed: on_closed decides what it means
         except (ChannelError, ValueError, TypeError) as exc:
-            log.warning("event channel from replica %d: %s; closed", replica, exc)
+            log.warning("channel from replica %d: %s; closed", replica, exc)
         finally:
             writer.close()
             if replica >= 0:
@@ -322,9 +324,11 @@ class ReportPusher:
         self.state = "connecting"
         self.lost = False
         self._writer: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        asyncio.get_running_loop().create_task(self._run())
+        # keep the task: the loop holds only a weak reference to it
+        self.task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
         host, port, _ = self.spec

@@ -161,7 +161,7 @@ class StreamerIO:
         # moves _chan_from past it); the bound is only a backstop below ACK_S
         deadline = time.monotonic() + min(ACK_S / 2, 2 * _POLL_S)
         while True:
-            if poll_no < self._chan_from.get(g, 0) or g >= len(self._decode):
+            if not 0 <= g < len(self._decode) or poll_no < self._chan_from.get(g, 0):
                 return False
             if self._poll_applied.get(g, 0) >= poll_no:
                 break
