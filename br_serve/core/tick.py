@@ -123,13 +123,15 @@ def run_two_stage(
     shallow: bool = False,
     hold_budget_s: float = 0.0,
     now_s: float = 0.0,
+    idle: Iterable[int] = (),
 ) -> TickResult:
     """One tick of BR-0 / BR-H over ``model``; see the module docstring for the order.
 
     ``starving``: ``(request, hard)`` to place first, oldest first (read lazily, only
     while slots are free); a hard one goes to its best-F replica, a soft one only to a
     replica where it fills well (its prompt between ``soft_fill`` times the replica's
-    peak and the peak; the tightest such replica), else it waits.
+    peak and the peak; the tightest such replica), else it waits. ``idle``: replicas
+    that get nothing this tick but starving requests (their free slots wait).
     """
     work = _Work(cluster)
     cur = PoolCursor(pool)
@@ -161,6 +163,9 @@ def run_two_stage(
             continue
         best_g = max(cands, key=lambda r: (model.scorer(r)(float(s)), -model.scorer(r).peak))
         assign(best_g, [cur.index_of(req.request_id, s)], "aged")
+
+    for g in idle:  # after ageing: a starving request may still go to an idled replica
+        work.use(g, work.cap[g], 0)
 
     # 2. a shallow pool (every request left fits the free slots): the question is only
     # where each goes, so place each (largest first) on its best replica.

@@ -71,6 +71,57 @@ class TimeMargins:
             self.top = self.t[g]
 
 
+def balanced_step_s(cluster: ClusterSnapshot) -> float:
+    """The step time ``T*`` at which the alive replicas' current load would be balanced.
+
+    Water-filling: ``T*`` solves ``sum_g max(0, (T* - f_g) / a_g) = sum_g L_g`` with
+    ``f_g = b_g + c_g N_g`` (each replica's cost with no load), so a replica whose fixed
+    cost alone exceeds ``T*`` would hold no tokens. With equal ``a``, ``b`` and ``c = 0``
+    it is the mean replica's step time.
+    """
+    al = cluster.alive
+    a = cluster.step_a_s_per_token[al]
+    f = (cluster.step_b_s + cluster.step_c_s_per_request * cluster.running_requests)[al]
+    load = float(cluster.load_tokens[al].sum())
+    if len(a) == 0:
+        return 0.0
+    order = sorted(range(len(a)), key=lambda i: float(f[i]))
+    inv, fixed = 0.0, 0.0  # sum 1/a_g and sum f_g/a_g over the replicas filled so far
+    t = float(f[order[0]])
+    for k, i in enumerate(order):
+        ai = float(a[i])
+        if ai <= 0:
+            return float(f[order[0]])  # a free replica absorbs any load
+        inv += 1.0 / ai
+        fixed += float(f[i]) / ai
+        t = (load + fixed) / inv
+        nxt = float(f[order[k + 1]]) if k + 1 < len(order) else float("inf")
+        if t <= nxt:
+            break
+    return t
+
+
+def stragglers_to_idle(cluster: ClusterSnapshot, over_share: float) -> set[int]:
+    """Alive replicas whose modelled step time exceeds ``(1 + over_share) T*`` and whose
+    cost with no load is below ``T*``.
+
+    Such a replica sets the barrier beyond what the cluster's load needs; a new request
+    there adds a slot's growth to every later step, so BR-0 with ``idle_over_balanced``
+    leaves its free slots empty until its own requests finish and it falls back. A
+    replica whose fixed cost alone reaches ``T*`` is never idled: the balanced point
+    would leave it empty, and whether using it pays is a question of whole slots (its
+    ``b`` against the requests it carries) that a margin cannot answer, so BR-0's
+    work-conserving decision stands (and a cluster of such replicas cannot starve).
+    """
+    t_star = balanced_step_s(cluster)
+    fixed = cluster.step_b_s + cluster.step_c_s_per_request * cluster.running_requests
+    t = cluster.step_a_s_per_token * cluster.load_tokens + fixed
+    bound = (1.0 + over_share) * t_star * (1.0 + 1e-9)  # rounding never idles a tie
+    return {g for g, (tg, fg, al) in enumerate(zip(t.tolist(), fixed.tolist(),
+                                                    cluster.alive.tolist(), strict=True))
+            if al and tg > bound and fg < t_star}
+
+
 def homogeneous_tokens(cluster: ClusterSnapshot) -> bool:
     """Equal ``a`` and ``b`` on every alive replica and ``c = 0``: time is tokens x ``a``."""
     al = cluster.alive

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from br_serve.core import ClusterSnapshot, PoolRequest, PromptPool, build_policy
 from br_serve.core.policies.br0 import ScalarMargins
 from br_serve.core.tick import run_two_stage
-from br_serve.core.timecost import TimeMargins, homogeneous_tokens
+from br_serve.core.timecost import (TimeMargins, balanced_step_s, homogeneous_tokens,
+                                    stragglers_to_idle)
 from tests.core.strategies import states
 
 
@@ -110,3 +111,85 @@ def test_time_peak_is_the_prompt_that_fills_the_margin() -> None:
     assert np.isclose(sc.peak, 9000.0)
     assert np.isclose(sc(9000.0), 0.01)
     assert np.isclose(sc(10_000.0), 0.011 - 2 * 0.001)  # 1 ms over: -(G-1) slope
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), g=st.integers(1, 10))
+def test_balanced_step_time_solves_the_water_filling(data: st.DataObject, g: int) -> None:
+    """``T*`` puts exactly the cluster's load on the replicas whose fixed cost is below
+    it: ``sum_g max(0, (T* - f_g) / a_g) = sum_g L_g``."""
+    loads = np.array(data.draw(st.lists(st.integers(0, 2 * 10**5), min_size=g, max_size=g)))
+    a = np.array(data.draw(st.lists(st.floats(1e-7, 4e-6), min_size=g, max_size=g)))
+    b = np.array(data.draw(st.lists(st.floats(0.0, 0.05), min_size=g, max_size=g)))
+    c = np.array(data.draw(st.lists(st.floats(0.0, 3e-3), min_size=g, max_size=g)))
+    run = np.array(data.draw(st.lists(st.integers(0, 16), min_size=g, max_size=g)))
+    snap = ClusterSnapshot.build(loads.tolist(), run, 16, step_a_s_per_token=a,
+                                 step_b_s=b, step_c_s_per_request=c)
+    t_star = balanced_step_s(snap)
+    f = b + c * run
+    placed = np.maximum(0.0, (t_star - f) / a).sum()
+    assert np.isclose(placed, loads.sum(), rtol=1e-9, atol=1e-6)
+    assert t_star >= f.min() - 1e-12
+    # someone is at or below T* (the weighted mean), so never every replica is idled
+    t = a * loads + c * run + b
+    assert (t <= t_star * (1 + 1e-9) + 1e-12).any()
+    assert len(stragglers_to_idle(snap, 0.0)) < g
+
+
+def test_balanced_step_time_is_the_mean_on_equal_replicas() -> None:
+    snap = ClusterSnapshot.build([10_000, 30_000, 50_000], [4, 4, 4], 16)
+    t = 5e-7 * np.array([10_000, 30_000, 50_000]) + 0.03
+    assert np.isclose(balanced_step_s(snap), t.mean())
+
+
+def test_a_replica_past_the_balanced_time_waits_and_the_rest_fill() -> None:
+    # Replica 1 is 2x slower (a and b): at 40k tokens its step is 0.1 s, replica 0's
+    # 0.05 s; the balanced time of their 80k tokens is 0.0667 s. With the rule replica 1
+    # gets nothing although it has free slots; without it, BR-0 fills both.
+    snap = ClusterSnapshot.build([40_000, 40_000], [8, 8], 16,
+                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.06])
+    assert stragglers_to_idle(snap, 0.1) == {1}
+    pool = _pool([100] * 12)
+    on = build_policy("br0", {"cost": "time", "idle_over_balanced": 0.1})
+    got = on.schedule(snap, pool, 0.0, 0).assignments
+    assert len(got) == 8 and {x.replica for x in got} == {0}
+    assert build_policy("br0", {"cost": "time"}).options.idle_over_balanced == 0.1
+    off = build_policy("br0", {"cost": "time", "idle_over_balanced": None}).schedule(
+        snap, pool, 0.0, 0).assignments
+    assert len(off) == 12 and {x.replica for x in off} == {0, 1}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st_=states(max_g=10, kv=True, dead=True))
+def test_idle_rule_keeps_the_homogeneous_identity_and_never_idles_the_dead(
+        st_: tuple[ClusterSnapshot, PromptPool]) -> None:
+    cluster, pool = st_
+    tokens = build_policy("br0").schedule(cluster, pool, 0.0, 0)
+    time = build_policy("br0", {"cost": "time", "idle_over_balanced": 0.0}).schedule(
+        cluster, pool, 0.0, 0)
+    assert tokens.assignments == time.assignments
+    slow = dataclasses.replace(
+        cluster, step_a_s_per_token=np.linspace(5e-7, 1e-6, cluster.num_replicas))
+    assert all(cluster.alive[g] for g in stragglers_to_idle(slow, 0.0))
+
+
+def test_an_empty_cluster_uses_its_slow_replica_and_ageing_reaches_an_idled_one() -> None:
+    # Empty cluster: T* is the fast replica's b (10 ms); the slow one's b (20 ms) alone
+    # exceeds it, so the rule leaves it to BR-0: four requests fill both replicas.
+    empty = ClusterSnapshot.build([0, 0], [0, 0], 2, step_a_s_per_token=[1e-3, 2e-3],
+                                  step_b_s=[0.01, 0.02])
+    assert stragglers_to_idle(empty, 0.1) == set()
+    got = build_policy("br0", {"cost": "time"}).schedule(empty, _pool([10] * 4), 0.0, 0)
+    assert sorted(x.replica for x in got.assignments) == [0, 0, 1, 1]
+    # Replica 1 idled (as in the test above), replica 0 full: a request past its TTFT
+    # budget (ageing's hard rule) still goes to replica 1; a fresh one waits.
+    snap = ClusterSnapshot.build([40_000, 40_000], [16, 8], 16,
+                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.06])
+    assert stragglers_to_idle(snap, 0.1) == {1}
+    pool = PromptPool()
+    pool.add(PoolRequest("old", 100, arrival_s=0.0, enqueued_s=0.0))
+    pol = build_policy("br0", {"cost": "time", "ttft_budget_s": 5.0})
+    assert pol.schedule(snap, pool, 1.0, 0).assignments == ()
+    pool.add(PoolRequest("new", 100, arrival_s=6.0, enqueued_s=6.0))
+    got = pol.schedule(snap, pool, 6.0, 1).assignments
+    assert [(x.request_id, x.replica) for x in got] == [("old", 1)]

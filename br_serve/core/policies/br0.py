@@ -13,7 +13,7 @@ from br_serve.core.options import Options, option
 from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, register_policy
 from br_serve.core.pool import PromptPool
 from br_serve.core.tick import MarginModel, run_two_stage
-from br_serve.core.timecost import TimeMargins, homogeneous_tokens
+from br_serve.core.timecost import TimeMargins, homogeneous_tokens, stragglers_to_idle
 from br_serve.core.types import ClusterSnapshot, TickResult
 
 
@@ -57,6 +57,11 @@ class BR0Options(Options):
     step_coefficients: Literal["calibrated", "configured"] = option(
         "calibrated", doc="with cost=time: the coefficients the driver fits online from "
         "measured steps, or the configured ones, fixed")
+    idle_over_balanced: float | None = option(
+        0.1, ge=0, doc="with cost=time on unequal replicas: a replica whose modelled step "
+        "time exceeds the balanced step time of the cluster's load (water-filling) by "
+        "more than this share gets no new request until it falls back (None: off, "
+        "every free slot is filled)")
 
     shallow_pool: bool = option(
         True, doc="when every pool request fits the free slots, place each (largest "
@@ -141,12 +146,16 @@ class BR0(PolicyBase[BR0Options]):
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:
         c = self.options
+        idle: set[int] = set()
+        if (c.cost == "time" and c.idle_over_balanced is not None
+                and not homogeneous_tokens(cluster)):  # keeps the homogeneous identity
+            idle = stragglers_to_idle(cluster, c.idle_over_balanced)
         res = run_two_stage(
             cluster, pool, scalar_model(cluster, c),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
             starving=self.ageing.starving(pool, now_s, tick),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
-            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s)
+            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s, idle=idle)
         self.ageing.record(pool, len(res.assignments), now_s)
         return res
 
