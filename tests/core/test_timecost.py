@@ -195,5 +195,5 @@ def test_an_empty_cluster_uses_its_slow_replica_and_ageing_reaches_an_idled_one(
     pol = build_policy("br0", {"cost": "time", "ttft_budget_s": 5.0})
     assert pol.schedule(snap, pool, 1.0, 0).assignments == ()
     pool.add(PoolRequest("new", 100, arrival_s=6.0, enqueued_s=6.0))
-    got = pol.schedule(snap, pool, 6.0, 1).assignments
-    assert [(x.request_id, x.replica) for x in got] == [("old", 1)]
+    aged = pol.schedule(snap, pool, 6.0, 1).assignments
+    assert [(x.request_id, x.replica) for x in aged] == [("old", 1)]
