@@ -47,11 +47,7 @@ class SegmentedSamples:
     Removing a pair that is not present raises ``KeyError`` (at the next flush).
     """
 
-    __slots__ = ("_add", "_bounds", "_counts", "_csum", "_del", "_packed")
-
-    #: segments below this get their ``[start, end)`` precomputed at each flush, so a
-    #: query needs two searchsorted boundaries per request instead of four
-    BOUNDS_MAX_SEGMENTS = 4096
+    __slots__ = ("_add", "_counts", "_csum", "_del", "_packed")
 
     def __init__(self) -> None:
         self._packed: IntArray = np.zeros(0, dtype=np.int64)
@@ -59,7 +55,6 @@ class SegmentedSamples:
         self._add: list[int] = []
         self._del: list[int] = []
         self._counts: dict[int, int] = {}
-        self._bounds: IntArray | None = np.zeros(1, dtype=np.int64)
 
     @staticmethod
     def _pack(segment: int, value: int) -> int:
@@ -112,35 +107,19 @@ class SegmentedSamples:
         csum[0] = 0.0
         np.cumsum(packed & _VALUE_MAX, out=csum[1:])
         self._csum = csum
-        top = int(packed[-1] >> _SHIFT) + 1 if packed.size else 0
-        if top <= self.BOUNDS_MAX_SEGMENTS:
-            # _bounds[s] = first index of segment s; _bounds[s + 1] is its end
-            firsts = np.arange(top + 2, dtype=np.int64) << _SHIFT
-            self._bounds = np.searchsorted(packed, firsts, side="left")
-        else:
-            self._bounds = None
 
     def query(self, segment: IntArray, decoded: IntArray, horizon: int) -> SegmentAnswer:
         """Survival answer for requests in ``segment`` that decoded ``decoded`` tokens."""
         self._flush()
         n = len(decoded)
-        seg = np.asarray(segment, dtype=np.int64)
-        base = seg << _SHIFT
+        base = np.asarray(segment, dtype=np.int64) << _SHIFT
         a = np.minimum(np.asarray(decoded, dtype=np.int64), _VALUE_MAX - int(horizon))
-        bounds = self._bounds
-        if bounds is not None and (n == 0 or int(seg.max()) < bounds.size - 1):
-            # segment bounds precomputed at the flush: one searchsorted, 2n boundaries
-            idx = np.searchsorted(self._packed, np.concatenate(
-                [base | a, base | (a + int(horizon))]), side="right")
-            lo, hi = idx[:n], idx[n:]
-            start, end = bounds[seg], bounds[seg + 1]
-        else:
-            # One searchsorted for all four boundaries (each call has a fixed overhead):
-            # first value > a, first > a + H, first of the next segment, first of this.
-            q = np.concatenate([base | a, base | (a + int(horizon)),
-                                base + ((1 << _SHIFT) - 1), base - 1])
-            idx = np.searchsorted(self._packed, q, side="right")
-            lo, hi, end, start = idx[:n], idx[n:2 * n], idx[2 * n:3 * n], idx[3 * n:]
+        # One searchsorted for all five boundaries (each call has a fixed overhead):
+        # first value > a, first > a + H, first of the next segment, first of this one.
+        q = np.concatenate([base | a, base | (a + int(horizon)),
+                            base + ((1 << _SHIFT) - 1), base - 1])
+        idx = np.searchsorted(self._packed, q, side="right")
+        lo, hi, end, start = idx[:n], idx[n:2 * n], idx[2 * n:3 * n], idx[3 * n:]
         alive = end - lo
         fin = hi - lo
         csum = self._csum

@@ -124,8 +124,6 @@ def run_two_stage(
     hold_budget_s: float = 0.0,
     now_s: float = 0.0,
     idle: Iterable[int] = (),
-    predictor_ok: bool = True,
-    lookahead: bool = True,
 ) -> TickResult:
     """One tick of BR-0 / BR-H over ``model``; see the module docstring for the order.
 
@@ -134,7 +132,6 @@ def run_two_stage(
     replica where it fills well (its prompt between ``soft_fill`` times the replica's
     peak and the peak; the tightest such replica), else it waits. ``idle``: replicas
     that get nothing this tick but starving requests (their free slots wait).
-    ``predictor_ok`` / ``lookahead`` are copied into the result (BR-H's flags).
     """
     work = _Work(cluster)
     cur = PoolCursor(pool)
@@ -175,8 +172,8 @@ def run_two_stage(
     if shallow and 0 < cur.remaining <= work.s_tot:
         held, retick = _place_each(pool, cur, work, model, assign, now_s, hold_budget_s)
         return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
-                          counts["aged"], predictor_ok, shallow=counts["shallow"],
-                          held=held, retick_s=retick, lookahead=lookahead)
+                          counts["aged"], shallow=counts["shallow"], held=held,
+                          retick_s=retick)
 
     # 3. the two stages. Replicas in a heap keyed by (free slots, rank), largest first.
     heap = [(-c, -model.rank(g), g) for g, c in enumerate(work.cap) if c > 0]
@@ -204,7 +201,7 @@ def run_two_stage(
             heappush(heap, (-work.cap[g], -model.rank(g), g))
 
     return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
-                      counts["aged"], predictor_ok, lookahead=lookahead)
+                      counts["aged"])
 
 
 def _place_each(pool: PromptPool, cur: PoolCursor, work: _Work, model: MarginModel,

@@ -12,12 +12,8 @@ from hypothesis import strategies as st
 from br_serve.core import ClusterSnapshot, PoolRequest, PromptPool, build_policy
 from br_serve.core.policies.br0 import ScalarMargins
 from br_serve.core.tick import run_two_stage
-from br_serve.core.timecost import (
-    TimeMargins,
-    balanced_step_s,
-    homogeneous_tokens,
-    stragglers_to_idle,
-)
+from br_serve.core.timecost import (TimeMargins, balanced_step_s, homogeneous_tokens,
+                                    stragglers_to_idle)
 from tests.core.strategies import states
 
 

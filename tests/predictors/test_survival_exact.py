@@ -143,22 +143,14 @@ def _brute(samples: list[tuple[int, int]], seg: int, a: int, h: int) -> tuple[fl
     return p, mu
 
 
-class _NoBounds(SegmentedSamples):
-    """The store without precomputed segment bounds (the four-boundary search)."""
-
-    __slots__ = ()
-    BOUNDS_MAX_SEGMENTS = -1
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60)), max_size=40),
        st.lists(st.integers(0, 39), max_size=15),
-       st.lists(st.tuples(st.integers(0, 5), st.integers(0, 70)), min_size=1, max_size=8),
-       st.integers(0, 30), st.booleans())
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 70)), min_size=1, max_size=8),
+       st.integers(0, 30))
 def test_store_matches_brute_force(adds: list[tuple[int, int]], drops: list[int],
-                                   queries: list[tuple[int, int]], h: int,
-                                   bounds: bool) -> None:
-    store = SegmentedSamples() if bounds else _NoBounds()
+                                   queries: list[tuple[int, int]], h: int) -> None:
+    store = SegmentedSamples()
     for s, v in adds:
         store.add(s, v)
     kept = list(adds)

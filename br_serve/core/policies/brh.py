@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -276,7 +276,7 @@ class BRH(PolicyBase[BRHOptions]):
         if threshold is None:
             return True
         if self.options.shallow_pool and len(pool) <= int(cluster.free_slots.sum()):
-            return True  # (one numpy sum: checked only when the trust rule is on)
+            return True
         if ends is None:
             return False
         return self.refill_coverage(cluster, pool, ends, p_fin) < threshold
@@ -334,8 +334,9 @@ class BRH(PolicyBase[BRHOptions]):
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
             starving=self.ageing.starving(pool, now_s, tick),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
-            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s, predictor_ok=ok,
-            lookahead=trusted)
+            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s)
         self.ageing.record(pool, len(res.assignments), now_s)
-        return res
+        if ok and trusted:
+            return res
+        return replace(res, predictor_ok=ok, lookahead=trusted)
 
