@@ -131,9 +131,11 @@ def run_two_stage(
     while slots are free); a hard one goes to its best-F replica, a soft one only to a
     replica where it fills well (its prompt between ``soft_fill`` times the replica's
     peak and the peak; the tightest such replica), else it waits. ``idle``: replicas
-    that get nothing this tick but starving requests (their free slots wait).
+    that get nothing this tick, starving requests included (their free slots wait).
     """
     work = _Work(cluster)
+    for g in idle:  # idled replicas take nothing, starving requests included
+        work.use(g, work.cap[g], 0)
     cur = PoolCursor(pool)
     out: list[Assignment] = []
     counts = dict.fromkeys(("stage1", "stage2", "guard", "aged", "shallow"), 0)
@@ -163,9 +165,6 @@ def run_two_stage(
             continue
         best_g = max(cands, key=lambda r: (model.scorer(r)(float(s)), -model.scorer(r).peak))
         assign(best_g, [cur.index_of(req.request_id, s)], "aged")
-
-    for g in idle:  # after ageing: a starving request may still go to an idled replica
-        work.use(g, work.cap[g], 0)
 
     # 2. a shallow pool (every request left fits the free slots): the question is only
     # where each goes, so place each (largest first) on its best replica.

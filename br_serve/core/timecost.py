@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from br_serve.core.types import ClusterSnapshot
 
 
@@ -102,24 +104,25 @@ def balanced_step_s(cluster: ClusterSnapshot) -> float:
 
 
 def stragglers_to_idle(cluster: ClusterSnapshot, over_share: float) -> set[int]:
-    """Alive replicas whose modelled step time exceeds ``(1 + over_share) T*`` and whose
-    cost with no load is below ``T*``.
+    """Alive replicas that run requests and whose modelled step time exceeds the bound
+    ``(1 + over_share) T*`` while their cost with no load is within it.
 
-    Such a replica sets the barrier beyond what the cluster's load needs; a new request
-    there adds a slot's growth to every later step, so BR-0 with ``idle_over_balanced``
-    leaves its free slots empty until its own requests finish and it falls back. A
-    replica whose fixed cost alone reaches ``T*`` is never idled: the balanced point
-    would leave it empty, and whether using it pays is a question of whole slots (its
-    ``b`` against the requests it carries) that a margin cannot answer, so BR-0's
-    work-conserving decision stands (and a cluster of such replicas cannot starve).
+    Such a replica sets the barrier beyond what the cluster's load needs, and shedding
+    load brings it back under the bound; a new request there adds a slot's growth to
+    every later step, so BR-0 with ``idle_over_balanced`` leaves its free slots empty
+    until its own requests finish and it falls back. Never idled: an empty replica (so
+    the cluster always takes work somewhere and no wait is unbounded), and one whose
+    fixed cost alone exceeds the bound (idling could not bring it under; whether using
+    it pays is a question of whole slots, its ``b`` against the requests it carries,
+    that a margin cannot answer, so BR-0's work-conserving decision stands).
     """
     t_star = balanced_step_s(cluster)
     fixed = cluster.step_b_s + cluster.step_c_s_per_request * cluster.running_requests
     t = cluster.step_a_s_per_token * cluster.load_tokens + fixed
     bound = (1.0 + over_share) * t_star * (1.0 + 1e-9)  # rounding never idles a tie
-    return {g for g, (tg, fg, al) in enumerate(zip(t.tolist(), fixed.tolist(),
-                                                    cluster.alive.tolist(), strict=True))
-            if al and tg > bound and fg < t_star}
+    out = (cluster.alive & (cluster.running_requests > 0) & (t > bound)
+           & (fixed <= bound))
+    return set(np.flatnonzero(out).tolist())
 
 
 def homogeneous_tokens(cluster: ClusterSnapshot) -> bool:

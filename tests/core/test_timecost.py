@@ -12,8 +12,12 @@ from hypothesis import strategies as st
 from br_serve.core import ClusterSnapshot, PoolRequest, PromptPool, build_policy
 from br_serve.core.policies.br0 import ScalarMargins
 from br_serve.core.tick import run_two_stage
-from br_serve.core.timecost import (TimeMargins, balanced_step_s, homogeneous_tokens,
-                                    stragglers_to_idle)
+from br_serve.core.timecost import (
+    TimeMargins,
+    balanced_step_s,
+    homogeneous_tokens,
+    stragglers_to_idle,
+)
 from tests.core.strategies import states
 
 
@@ -143,17 +147,21 @@ def test_balanced_step_time_is_the_mean_on_equal_replicas() -> None:
 
 
 def test_a_replica_past_the_balanced_time_waits_and_the_rest_fill() -> None:
-    # Replica 1 is 2x slower (a and b): at 40k tokens its step is 0.1 s, replica 0's
-    # 0.05 s; the balanced time of their 80k tokens is 0.0667 s. With the rule replica 1
-    # gets nothing although it has free slots; without it, BR-0 fills both.
-    snap = ClusterSnapshot.build([40_000, 40_000], [8, 8], 16,
-                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.06])
+    # Replica 1 prices a token 2x and a step 1.5x: at 40k tokens its step is 85 ms,
+    # replica 0's at 80k tokens 70 ms; the balanced time of their 120k tokens is 75 ms
+    # (2e6 (T - 0.03) + 1e6 (T - 0.045) = 120k). 85 > 1.1 x 75, and its fixed 45 ms is
+    # under replica 0's 70: with the rule replica 1 gets nothing although it has free
+    # slots; without it, BR-0 fills both.
+    snap = ClusterSnapshot.build([80_000, 40_000], [8, 8], 16,
+                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.045])
+    assert np.isclose(balanced_step_s(snap), 0.075)
     assert stragglers_to_idle(snap, 0.1) == {1}
+    assert stragglers_to_idle(snap, 0.2) == set()  # 85 ms is within 1.2 x 75
     pool = _pool([100] * 12)
     on = build_policy("br0", {"cost": "time", "idle_over_balanced": 0.1})
     got = on.schedule(snap, pool, 0.0, 0).assignments
     assert len(got) == 8 and {x.replica for x in got} == {0}
-    assert build_policy("br0", {"cost": "time"}).options.idle_over_balanced == 0.1
+    assert build_policy("br0", {"cost": "time"}).options.idle_over_balanced == 0.25
     off = build_policy("br0", {"cost": "time", "idle_over_balanced": None}).schedule(
         snap, pool, 0.0, 0).assignments
     assert len(off) == 12 and {x.replica for x in off} == {0, 1}
@@ -173,23 +181,38 @@ def test_idle_rule_keeps_the_homogeneous_identity_and_never_idles_the_dead(
     assert all(cluster.alive[g] for g in stragglers_to_idle(slow, 0.0))
 
 
-def test_an_empty_cluster_uses_its_slow_replica_and_ageing_reaches_an_idled_one() -> None:
-    # Empty cluster: T* is the fast replica's b (10 ms); the slow one's b (20 ms) alone
-    # exceeds it, so the rule leaves it to BR-0: four requests fill both replicas.
+def test_never_idled_an_empty_replica_or_one_whose_fixed_cost_tops_the_bound() -> None:
+    # Empty cluster: nothing runs, so nothing is idled; four requests fill both.
     empty = ClusterSnapshot.build([0, 0], [0, 0], 2, step_a_s_per_token=[1e-3, 2e-3],
                                   step_b_s=[0.01, 0.02])
     assert stragglers_to_idle(empty, 0.1) == set()
     got = build_policy("br0", {"cost": "time"}).schedule(empty, _pool([10] * 4), 0.0, 0)
     assert sorted(x.replica for x in got.assignments) == [0, 0, 1, 1]
-    # Replica 1 idled (as in the test above), replica 0 full: a request past its TTFT
-    # budget (ageing's hard rule) still goes to replica 1; a fresh one waits.
-    snap = ClusterSnapshot.build([40_000, 40_000], [16, 8], 16,
-                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.06])
-    assert stragglers_to_idle(snap, 0.1) == {1}
+    # Replica 1's step is 100 ms, its fixed 90 ms alone above the bound 1.1 x 55 ms
+    # (T*: replica 0 alone takes the 50k tokens at (50k + 60k) / 2e6 = 55 ms, below
+    # replica 1's fixed cost): shedding load cannot bring it under, so whether to use
+    # it is BR-0's (work-conserving) decision.
+    snap = ClusterSnapshot.build([40_000, 10_000], [8, 8], 16,
+                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.09])
+    assert np.isclose(balanced_step_s(snap), 0.055)
+    assert stragglers_to_idle(snap, 0.1) == set()
+    assert stragglers_to_idle(snap, 0.7) == {1}  # fixed 90 within 1.7 x 55, 100 above
+
+
+def test_a_starving_request_waits_for_a_replica_that_is_not_idled() -> None:
+    # Replica 1 idled (as above), replica 0 full: a request past its TTFT budget waits
+    # (an idled replica takes nothing); once replica 0 frees a slot it goes first.
+    full = ClusterSnapshot.build([80_000, 40_000], [16, 8], 16,
+                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.045])
+    assert stragglers_to_idle(full, 0.1) == {1}
     pool = PromptPool()
     pool.add(PoolRequest("old", 100, arrival_s=0.0, enqueued_s=0.0))
-    pol = build_policy("br0", {"cost": "time", "ttft_budget_s": 5.0})
-    assert pol.schedule(snap, pool, 1.0, 0).assignments == ()
     pool.add(PoolRequest("new", 100, arrival_s=6.0, enqueued_s=6.0))
-    aged = pol.schedule(snap, pool, 6.0, 1).assignments
-    assert [(x.request_id, x.replica) for x in aged] == [("old", 1)]
+    pol = build_policy("br0", {"cost": "time", "ttft_budget_s": 5.0,
+                               "idle_over_balanced": 0.1})
+    assert pol.schedule(full, pool, 6.0, 0).assignments == ()
+    freed = ClusterSnapshot.build([80_000, 40_000], [15, 8], 16,
+                                  step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.045])
+    got = pol.schedule(freed, pool, 6.5, 1)
+    assert [(x.request_id, x.replica) for x in got.assignments] == [("old", 0)]
+    assert got.aged == 1

@@ -58,7 +58,7 @@ class BR0Options(Options):
         "calibrated", doc="with cost=time: the coefficients the driver fits online from "
         "measured steps, or the configured ones, fixed")
     idle_over_balanced: float | None = option(
-        0.1, ge=0, doc="with cost=time on unequal replicas: a replica whose modelled step "
+        0.25, ge=0, doc="with cost=time on unequal replicas: a replica whose modelled step "
         "time exceeds the balanced step time of the cluster's load (water-filling) by "
         "more than this share gets no new request until it falls back (None: off, "
         "every free slot is filled)")
