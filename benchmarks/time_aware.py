@@ -22,7 +22,7 @@ at 90% of JSQ's stationary throughput in the same setting. Policies: ``jsq``,
 ``sglang_total_tokens``, ``min_max``, ``br0`` (tokens), ``br0-time`` (``cost=time``,
 coefficients fitted online from the simulated steps) and ``br0-time-fixed``
 (``cost=time, step_coefficients=configured``), both with the default
-``idle_over_balanced=0.1``, and ``br0-time-fill`` (calibrated, ``idle_over_balanced=None``:
+``idle_over_balanced=0.25``, and ``br0-time-fill`` (calibrated, ``idle_over_balanced=None``:
 every free slot filled, the rule's own contribution). Trace-timed rows add each policy's
 per-stream decode speed against token BR-0 (paired ``TPOT P50(br0) / TPOT P50 - 1``);
 ``capacity`` is the highest rate meeting the setting's SLO (:func:`setting_slo`).
