@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from br_serve.core.types import ClusterSnapshot
+from br_serve.core.types import ClusterSnapshot, FloatArray
 
 
 class TimeScorer:
@@ -73,6 +73,12 @@ class TimeMargins:
             self.top = self.t[g]
 
 
+def _fixed_s(cluster: ClusterSnapshot) -> FloatArray:
+    """Each replica's step cost with no load: ``b_g + c_g N_g`` seconds."""
+    out: FloatArray = cluster.step_b_s + cluster.step_c_s_per_request * cluster.running_requests
+    return out
+
+
 def balanced_step_s(cluster: ClusterSnapshot) -> float:
     """The step time ``T*`` at which the alive replicas' current load would be balanced.
 
@@ -83,17 +89,17 @@ def balanced_step_s(cluster: ClusterSnapshot) -> float:
     """
     al = cluster.alive
     a = cluster.step_a_s_per_token[al]
-    f = (cluster.step_b_s + cluster.step_c_s_per_request * cluster.running_requests)[al]
+    f = _fixed_s(cluster)[al]
     load = float(cluster.load_tokens[al].sum())
     if len(a) == 0:
         return 0.0
     order = sorted(range(len(a)), key=lambda i: float(f[i]))
     inv, fixed = 0.0, 0.0  # sum 1/a_g and sum f_g/a_g over the replicas filled so far
-    t = float(f[order[0]])
+    t = 0.0
     for k, i in enumerate(order):
         ai = float(a[i])
         if ai <= 0:
-            return float(f[order[0]])  # a free replica absorbs any load
+            return float(f[i])  # the level reached this replica, which absorbs any load
         inv += 1.0 / ai
         fixed += float(f[i]) / ai
         t = (load + fixed) / inv
@@ -117,7 +123,7 @@ def stragglers_to_idle(cluster: ClusterSnapshot, over_share: float) -> set[int]:
     that a margin cannot answer, so BR-0's work-conserving decision stands).
     """
     t_star = balanced_step_s(cluster)
-    fixed = cluster.step_b_s + cluster.step_c_s_per_request * cluster.running_requests
+    fixed = _fixed_s(cluster)
     t = cluster.step_a_s_per_token * cluster.load_tokens + fixed
     bound = (1.0 + over_share) * t_star * (1.0 + 1e-9)  # rounding never idles a tie
     out = (cluster.alive & (cluster.running_requests > 0) & (t > bound)

@@ -146,6 +146,14 @@ def test_balanced_step_time_is_the_mean_on_equal_replicas() -> None:
     assert np.isclose(balanced_step_s(snap), t.mean())
 
 
+def test_a_replica_with_free_tokens_caps_the_balanced_time_at_its_fixed_cost() -> None:
+    # Replica 0 alone would take 100 tokens at (100 + 10) / 1000 = 110 ms, past replica
+    # 1's fixed 20 ms; replica 1 (a = 0, e.g. a fit clipped at 0) absorbs any load there.
+    snap = ClusterSnapshot.build([100, 0], [0, 0], 4, step_a_s_per_token=[1e-3, 0.0],
+                                 step_b_s=[0.01, 0.02])
+    assert np.isclose(balanced_step_s(snap), 0.02)
+
+
 def test_a_replica_past_the_balanced_time_waits_and_the_rest_fill() -> None:
     # Replica 1 prices a token 2x and a step 1.5x: at 40k tokens its step is 85 ms,
     # replica 0's at 80k tokens 70 ms; the balanced time of their 120k tokens is 75 ms
