@@ -132,6 +132,37 @@ class SegmentedSamples:
                              mean_all=mean_all)
 
 
+    def query_fin(self, segment: IntArray, decoded: IntArray, horizon: int
+                  ) -> tuple[FloatArray, FloatArray]:
+        """``(p_fin, mu_rem)`` of :meth:`query`, and only those (the tick's hot path:
+        with one segment for all requests its bounds are two scalar searches)."""
+        self._flush()
+        seg = np.asarray(segment, dtype=np.int64)
+        a = np.minimum(np.asarray(decoded, dtype=np.int64), _VALUE_MAX - int(horizon))
+        n = a.shape[0]
+        packed = self._packed
+        s0 = int(seg[0]) if n else 0
+        if n and bool((seg == s0).all()):
+            end: IntArray | int = int(np.searchsorted(
+                packed, (s0 << _SHIFT) + _VALUE_MAX, side="right"))
+            q = np.concatenate([a, a + int(horizon)])
+            if s0:
+                q |= s0 << _SHIFT
+            idx = np.searchsorted(packed, q, side="right")
+        else:
+            base = seg << _SHIFT
+            idx = np.searchsorted(packed, np.concatenate(
+                [base | a, base | (a + int(horizon)), base + _VALUE_MAX]), side="right")
+            end = idx[2 * n:]
+        lo, hi = idx[:n], idx[n:2 * n]
+        fin = hi - lo
+        csum = self._csum
+        p_fin: FloatArray = fin / np.maximum(end - lo, 1)
+        mu: FloatArray = np.where(fin > 0, (csum[hi] - csum[lo]) / np.maximum(fin, 1) - a,
+                                  float(horizon))
+        return p_fin, mu
+
+
 class SampleMemory:
     """Bounded memory of one segment's samples: a sliding window or a reservoir.
 

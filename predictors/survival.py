@@ -112,5 +112,6 @@ class SurvivalPredictor:
         n = len(running)
         if self.num_samples < self.config.min_samples or n == 0:
             return Prediction(p_fin=np.zeros(n), mu_rem=np.full(n, float(horizon_steps)))
-        ans = self.answer(running.prompt_tokens, running.decoded_tokens, horizon_steps)
-        return Prediction(p_fin=ans.p_fin, mu_rem=ans.mu_rem)
+        p_fin, mu_rem = self._store.query_fin(self.segments(running.prompt_tokens),
+                                              running.decoded_tokens, horizon_steps)
+        return Prediction(p_fin=p_fin, mu_rem=mu_rem)

@@ -72,6 +72,19 @@ class PoolCursor:
             pos -= 1
         return out
 
+    def below_head(self, x: float, limit: float, k: int) -> tuple[int | None, bool]:
+        """``(head, enough)``: the first index :meth:`below` would return (None: none)
+        and whether it would return ``k`` of them, without walking them."""
+        pos = bisect_right(self.sizes, min(x, limit)) - 1
+        taken = self.taken
+        head = pos
+        while head >= 0 and head in taken:
+            head -= 1
+        if head < 0:
+            return None, False
+        untaken = pos + 1 - sum(1 for t in taken if t <= pos)  # the tick takes a few
+        return head, untaken >= k
+
     def above(self, x: float, limit: float, k: int) -> list[int]:
         """Up to ``k`` untaken indices with ``x < size <= limit``, smallest first."""
         out: list[int] = []
@@ -98,9 +111,14 @@ class _Work:
     __slots__ = ("cap", "kv_room", "s_tot")
 
     def __init__(self, cluster: ClusterSnapshot) -> None:
-        self.cap: list[int] = cluster.free_slots.tolist()
+        # ClusterSnapshot.free_slots, in lists (numpy's per-call cost dominates at G=16)
+        cap: list[int] = (cluster.slots - cluster.running_requests).tolist()
+        alive: list[bool] = cluster.alive.tolist()
+        if not all(alive):
+            cap = [c if a else 0 for c, a in zip(cap, alive, strict=True)]
+        self.cap = cap
         self.kv_room: list[int] = (cluster.kv_limit_tokens - cluster.load_tokens).tolist()
-        self.s_tot = sum(self.cap)
+        self.s_tot = sum(cap)
 
     def open_replicas(self) -> list[int]:
         return [g for g, c in enumerate(self.cap) if c > 0]
@@ -185,17 +203,31 @@ def run_two_stage(
             cands = cur.below(sc.peak, room, 1) + cur.above(sc.peak, room, 1)
             if not cands:
                 continue  # nothing left fits this replica's KV room: drop it
-            best = max(cands, key=lambda i: sc(float(cur.sizes[i])))
-            assign(g, [best], "stage1")
+            assign(g, [_best_single(cands, cur.sizes, sc)], "stage1")
         else:
-            cands = cur.below(sc.peak, room, r_max)
-            if len(cands) < r_max:
-                cands += cur.above(sc.peak, room, r_max - len(cands))
-            if not cands:
-                continue
-            chosen, guarded = _best_subset(cands, cur.sizes, sc, min(work.cap[g], r_max),
-                                           room)
-            assign(g, chosen, "guard" if guarded else "stage2")
+            if work.cap[g] == 1 or r_max == 1:
+                # One slot: the subsets are the singletons, and F is concave with its
+                # maximum at the peak, so of the r_max candidates (the largest below
+                # the peak, then, if fewer, the smallest above it) only the head of
+                # each run can win: the same choice, without walking the runs.
+                head, enough = cur.below_head(sc.peak, room, r_max)
+                cands = [] if head is None else [head]
+                if not enough:
+                    cands += cur.above(sc.peak, room, 1)
+                if not cands:
+                    continue
+                best = _best_single(cands, cur.sizes, sc)
+                f = sc(float(cur.sizes[best]))
+                assign(g, [best], "guard" if f <= 0 else "stage2")
+            else:
+                cands = cur.below(sc.peak, room, r_max)
+                if len(cands) < r_max:
+                    cands += cur.above(sc.peak, room, r_max - len(cands))
+                if not cands:
+                    continue
+                chosen, guarded = _best_subset(cands, cur.sizes, sc,
+                                               min(work.cap[g], r_max), room)
+                assign(g, chosen, "guard" if guarded else "stage2")
         if work.cap[g] > 0:
             heappush(heap, (-work.cap[g], -model.rank(g), g))
 
@@ -234,6 +266,24 @@ def _place_each(pool: PromptPool, cur: PoolCursor, work: _Work, model: MarginMod
         best = max(range(len(cands)), key=scores.__getitem__)
         assign(cands[best], [i], "shallow")
     return held, retick
+
+
+def _best_single(cands: list[int], sizes: list[int], sc: Scorer) -> int:
+    """The candidate with the highest single-request F, first among equals.
+
+    ``cands`` lists the candidates below the peak largest first, then those above it
+    smallest first; F (concave, peaking at ``sc.peak``) is non-decreasing along the
+    first run and non-increasing along the second, so only the head of each run can
+    win, and the head of the first wins ties as ``max`` over the whole list would.
+    """
+    first = cands[0]
+    peak = sc.peak
+    if sizes[first] > peak:  # no candidate below the peak
+        return first
+    for i in cands:
+        if sizes[i] > peak:  # the head of the run above the peak
+            return i if sc(float(sizes[i])) > sc(float(sizes[first])) else first
+    return first
 
 
 def _best_subset(cands: list[int], sizes: list[int], sc: Scorer, max_n: int,

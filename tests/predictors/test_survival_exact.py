@@ -166,6 +166,11 @@ def test_store_matches_brute_force(adds: list[tuple[int, int]], drops: list[int]
         assert ans.p_fin[j] == pytest.approx(p)
         assert ans.mu_rem[j] == pytest.approx(mu)
         assert store.count(s) == sum(1 for x in kept if x[0] == s)
+    # the tick's fast path answers the same, mixed segments or one for all
+    for sg in (segs, np.full_like(segs, segs[0])):
+        full = store.query(sg, ages, h)
+        p_fin, mu_rem = store.query_fin(sg, ages, h)
+        assert np.array_equal(p_fin, full.p_fin) and np.array_equal(mu_rem, full.mu_rem)
 
 
 def test_store_rejects_removing_absent_value() -> None:

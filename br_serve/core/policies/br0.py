@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 from typing import Literal
 
 import numpy as np
@@ -101,8 +102,7 @@ class ScalarMargins:
         self.loads: list[float] = cluster.load_tokens.astype(np.float64).tolist()
         self.alive: list[bool] = cluster.alive.tolist()
         self.g = max(1, sum(self.alive))
-        alive_loads = [x for x, a in zip(self.loads, self.alive, strict=True) if a]
-        self.max_load = max(alive_loads, default=0.0)
+        self.max_load = max(compress(self.loads, self.alive), default=0.0)
 
     def rank(self, g: int) -> float:
         return -self.loads[g]  # margin M - L_g, less the common M

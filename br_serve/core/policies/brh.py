@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -253,14 +254,42 @@ class BRH(PolicyBase[BRHOptions]):
         run = cluster.running
         drops: list[float] = (p_fin[fin] * (run.prompt_tokens[fin] + run.decoded_tokens[fin]
                                             + ends[fin])).tolist()
-        total = sum(drops)
+        drops.sort(reverse=True)  # a handful per tick: plain Python beats numpy here
+        total = sum(drops)  # summed in the order of ``covered``: all covered is exactly 1
         if total <= 0:
             return 1.0
-        drops.sort(reverse=True)  # a handful per tick: plain Python beats numpy here
         sizes = pool.sorted_sizes
         last = len(sizes) - 1
         covered = sum(min(x, sizes[last - j]) for j, x in enumerate(drops[: last + 1]))
         return covered / total
+
+    def pool_refills_any_drop(self, cluster: ClusterSnapshot, pool: PromptPool) -> bool:
+        """Whether :meth:`refill_coverage` is 1 whatever the predictor answers, so a
+        tick can skip asking it (docs/core.md, "trust rule").
+
+        A drop is at most ``prompt + decoded + H`` (``p_fin <= 1``, an end in the
+        window). If the pool's ``j``-th largest prompt is at least the ``j``-th largest
+        such bound over *all* running requests, for every ``j``, then it is at least
+        the ``j``-th largest drop of any subset that ends, each refill covers its whole
+        drop, and the coverage is 1. Cheap where it matters (a deep pool of prompts as
+        large as the running loads); the largest pair is compared first.
+        """
+        run = cluster.running
+        n = len(run)
+        sizes = pool.sorted_sizes
+        if n == 0 or len(sizes) < n:
+            return False
+        bound = run.prompt_tokens + run.decoded_tokens + self.options.horizon
+        if int(bound.max()) > sizes[-1]:
+            return False
+        # Bounds up to the n-th largest prompt are paired with a prompt at least that
+        # large whatever their rank: only the k above it need pairing, with the top k.
+        big = bound[bound > sizes[-n]]
+        k = int(big.shape[0])
+        if k == 0:
+            return True
+        need = np.sort(big).tolist()  # ascending, like the pool's: pair index by index
+        return all(map(operator.ge, sizes[-k:], need))
 
     def trusted(self, cluster: ClusterSnapshot, pool: PromptPool, ends: IntArray | None,
                 p_fin: FloatArray | None) -> bool:
@@ -315,8 +344,16 @@ class BRH(PolicyBase[BRHOptions]):
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:
         c = self.options
-        ends, p_fin, ok = self._predict(cluster)
-        trusted = self.trusted(cluster, pool, ends, p_fin)
+        threshold = c.trust_refill_coverage
+        if (threshold is not None and threshold <= 1.0
+                and not isinstance(self.predictor, SurvivesWindow)  # nothing to skip
+                and not (c.shallow_pool and len(pool) <= int(cluster.free_slots.sum()))
+                and self.pool_refills_any_drop(cluster, pool)):
+            # the trust rule's answer is known without the predictor: BR-0's decision
+            ends, p_fin, ok, trusted = None, None, True, False
+        else:
+            ends, p_fin, ok = self._predict(cluster)
+            trusted = self.trusted(cluster, pool, ends, p_fin)
         model: MarginModel
         if not trusted:  # the pool refills what the window drops: BR-0's decision
             model = ScalarMargins(cluster)
