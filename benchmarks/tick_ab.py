@@ -59,16 +59,16 @@ def main() -> int:
     p.add_argument("--states", type=int, default=64)
     p.add_argument("--warm-start", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-median", type=float, default=None,
+                   help="median prompt tokens of the states (default e^7.5 = 1,808; 60: "
+                   "ServeGen R1-like, where the default trust rule looks ahead)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.join(here, "benchmarks"))
     from tick_compare import CONFIGS
 
-    def build(m: dict[str, ModuleType]) -> tuple[list[Any], list[Any]]:
-        rng = np.random.default_rng(a.seed)
-        states = [m["br_serve.bench.tick"].make_state(rng, a.replicas, a.slots, a.pool)
-                  for _ in range(a.states)]
+    def build(m: dict[str, ModuleType]) -> list[Any]:
         pols = []
         for _, name, pred_name, opts in CONFIGS:
             pred = None
@@ -81,8 +81,13 @@ def main() -> int:
                     wr.integers(1, 2080, a.warm_start))
             core = m["br_serve.core"]
             pols.append(core.build_policy(name, opts, core.PolicyContext(predictor=pred)))
-        return states, pols
+        return pols
 
+    # one set of states (built by this checkout) for both sides: the same inputs
+    from br_serve.bench.tick import make_state
+    rng = np.random.default_rng(a.seed)
+    states = [make_state(rng, a.replicas, a.slots, a.pool,
+                         prompt_median_tokens=a.prompt_median) for _ in range(a.states)]
     sides = {"base": os.path.abspath(a.base), "new": here}
     built = {k: _load(root, build) for k, root in sides.items()}
     n_cfg = len(CONFIGS)
@@ -95,7 +100,7 @@ def main() -> int:
             order = ("base", "new") if (i + j) % 2 == 0 else ("new", "base")
             got = {}
             for side in order:
-                states, pols = built[side]
+                pols = built[side]
                 s, pl = states[i % len(states)]
                 t0 = clock()
                 res = pols[j].schedule(s, pl, 0.0, 0)

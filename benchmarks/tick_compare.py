@@ -51,12 +51,16 @@ def main() -> int:
     p.add_argument("--states", type=int, default=64)
     p.add_argument("--warm-start", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-median", type=float, default=None,
+                   help="median prompt tokens of the states (default e^7.5 = 1,808; 60: "
+                   "ServeGen R1-like, where the default trust rule looks ahead)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     from predictors import make_predictor, warm_start
 
     rng = np.random.default_rng(a.seed)
-    states = [make_state(rng, a.replicas, a.slots, a.pool) for _ in range(a.states)]
+    states = [make_state(rng, a.replicas, a.slots, a.pool,
+                                                     prompt_median_tokens=a.prompt_median) for _ in range(a.states)]
     pols = []
     for label, name, pred_name, opts in CONFIGS:
         pred = None

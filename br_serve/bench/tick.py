@@ -39,8 +39,15 @@ from br_serve.core.options import Options, as_dict
 
 
 def make_state(rng: np.random.Generator, replicas: int, slots: int, pool: int,
-               free_slots: float | None = None) -> tuple[ClusterSnapshot, PromptPool]:
-    """One realistic steady-state snapshot and pool (see the module docstring)."""
+               free_slots: float | None = None, prompt_median_tokens: float | None = None
+               ) -> tuple[ClusterSnapshot, PromptPool]:
+    """One realistic steady-state snapshot and pool (see the module docstring).
+
+    ``prompt_median_tokens``: the lognormal prompts' median (None: ``e^7.5``; a
+    reasoning-style trace such as ServeGen R1 has ~60, where the pool cannot refill
+    the decoded tokens the window drops and BR-H's trust rule looks ahead).
+    """
+    mu = 7.5 if prompt_median_tokens is None else float(np.log(prompt_median_tokens))
     mean_free = replicas / 4 if free_slots is None else free_slots
     n_free = min(1 + int(rng.poisson(max(mean_free - 1.0, 0.0))), replicas * slots)
     free = np.zeros(replicas, dtype=np.int64)
@@ -52,13 +59,13 @@ def make_state(rng: np.random.Generator, replicas: int, slots: int, pool: int,
     running = slots - free
     rep = np.repeat(np.arange(replicas), running)
     n = rep.shape[0]
-    prompt = rng.lognormal(7.5, 1.2, n).astype(np.int64)
+    prompt = rng.lognormal(mu, 1.2, n).astype(np.int64)
     decoded = rng.integers(0, 2000, n)
     rr = RunningRequests.build(rep, prompt, decoded, prefix_hash=rng.integers(0, 64, n))
     load = np.bincount(rep, weights=prompt + decoded, minlength=replicas).astype(np.int64)
     snap = ClusterSnapshot.build(load, running, slots, running=rr)
     p = PromptPool(capacity=max(pool, 1))
-    sizes = rng.lognormal(7.5, 1.2, pool).astype(np.int64)
+    sizes = rng.lognormal(mu, 1.2, pool).astype(np.int64)
     for i, s in enumerate(sizes.tolist()):
         p.add(PoolRequest(f"p{i}", s, enqueued_s=0.0, enqueued_tick=0))
     return snap, p

@@ -137,3 +137,17 @@ def test_the_shortcut_fires_on_a_deep_pool_of_large_prompts() -> None:
     run2 = RunningRequests.build([0, 1], [5000, 3100], [1000, 200])
     cluster2 = ClusterSnapshot.build([6000, 3300], [1, 1], 2, running=run2)
     assert not pol.pool_refills_any_drop(cluster2, pool)
+
+
+def test_flagged_is_replace_of_the_two_flags() -> None:
+    from dataclasses import fields, replace
+
+    from br_serve.core import Assignment, TickResult
+
+    res = TickResult((Assignment("a", 1, 5),), 1, 2, 3, 4, True, 5, 6, 7.5, True)
+    assert {f.name for f in fields(TickResult)} == {
+        "assignments", "stage1", "stage2", "guard", "aged", "predictor_ok", "shallow",
+        "held", "retick_s", "lookahead"}  # a new field must be copied by flagged()
+    for ok in (True, False):
+        for look in (True, False):
+            assert res.flagged(ok, look) == replace(res, predictor_ok=ok, lookahead=look)

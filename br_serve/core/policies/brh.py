@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -375,5 +375,5 @@ class BRH(PolicyBase[BRHOptions]):
         self.ageing.record(pool, len(res.assignments), now_s)
         if ok and trusted:
             return res
-        return replace(res, predictor_ok=ok, lookahead=trusted)
+        return res.flagged(ok, trusted)
 
