@@ -60,7 +60,7 @@ def main() -> int:
 
     rng = np.random.default_rng(a.seed)
     states = [make_state(rng, a.replicas, a.slots, a.pool,
-                                                     prompt_median_tokens=a.prompt_median) for _ in range(a.states)]
+                         prompt_median_tokens=a.prompt_median) for _ in range(a.states)]
     pols = []
     for label, name, pred_name, opts in CONFIGS:
         pred = None

@@ -21,12 +21,13 @@ Modes: the stationary saturated protocol of ``benchmarks/results.py`` and trace-
 at 90% of JSQ's stationary throughput in the same setting. Policies: ``jsq``,
 ``sglang_total_tokens``, ``min_max``, ``br0`` (tokens), ``br0-time`` (``cost=time``,
 coefficients fitted online from the simulated steps) and ``br0-time-fixed``
-(``cost=time, step_coefficients=configured``), both with the default
-``idle_over_balanced=0.25``, and ``br0-time-fill`` (calibrated, ``idle_over_balanced=None``:
-every free slot filled, the rule's own contribution). Trace-timed rows add each policy's
-per-stream decode speed against token BR-0 (paired ``TPOT P50(br0) / TPOT P50 - 1``);
-``capacity`` is the highest rate meeting the setting's SLO (:func:`setting_slo`).
-Gains over jsq and over token BR-0 are
+(``cost=time, step_coefficients=configured``), both with the default straggler rule
+(``idle_over_balanced=0.25``, ``straggler_prompt_quantile=0.5``), ``br0-time-idle``
+(calibrated, a straggler idled instead of capped: the previous default) and
+``br0-time-fill`` (calibrated, ``idle_over_balanced=None``: every free slot filled).
+Trace-timed rows add each policy's per-stream decode speed against token BR-0
+(paired ``TPOT P50(br0) / TPOT P50 - 1``); ``capacity`` is the highest rate meeting
+the setting's SLO (:func:`setting_slo`). Gains over jsq and over token BR-0 are
 paired per replay with 95% t-intervals; headroom share is against each setting's own
 balanced bound (every step priced at the mean replica's time).
 """
@@ -58,6 +59,7 @@ POLICIES: list[tuple[str, str, dict[str, Any]]] = [
     ("min_max", "min_max", {}), ("br0", "br0", {}),
     ("br0", "br0-time", {"cost": "time"}),
     ("br0", "br0-time-fixed", {"cost": "time", "step_coefficients": "configured"}),
+    ("br0", "br0-time-idle", {"cost": "time", "straggler_prompt_quantile": None}),
     ("br0", "br0-time-fill", {"cost": "time", "idle_over_balanced": None})]
 
 

@@ -17,7 +17,7 @@ Order of a tick:
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from heapq import heapify, heappop, heappush
 from typing import Protocol
 
@@ -108,7 +108,7 @@ class PoolCursor:
 class _Work:
     """Mutable per-tick copies of free slots and KV room (the tick's scratch state)."""
 
-    __slots__ = ("cap", "kv_room", "s_tot")
+    __slots__ = ("cap", "kv_room", "s_tot", "size_cap")
 
     def __init__(self, cluster: ClusterSnapshot) -> None:
         # ClusterSnapshot.free_slots, in lists (numpy's per-call cost dominates at G=16)
@@ -119,6 +119,17 @@ class _Work:
         self.cap = cap
         self.kv_room: list[int] = (cluster.kv_limit_tokens - cluster.load_tokens).tolist()
         self.s_tot = sum(cap)
+        self.size_cap: dict[int, float] = {}  # replica -> largest prompt it may take
+
+    def fits(self, g: int, s: int) -> bool:
+        """Whether one request of ``s`` prompt tokens may go to ``g`` (KV room, cap)."""
+        return self.kv_room[g] >= s and s <= self.size_cap.get(g, s)
+
+    def limit(self, g: int) -> float:
+        """The largest single prompt ``g`` may take now."""
+        room = self.kv_room[g]
+        cap = self.size_cap.get(g)
+        return room if cap is None else min(room, cap)
 
     def open_replicas(self) -> list[int]:
         return [g for g, c in enumerate(self.cap) if c > 0]
@@ -142,6 +153,7 @@ def run_two_stage(
     hold_budget_s: float = 0.0,
     now_s: float = 0.0,
     idle: Iterable[int] = (),
+    size_caps: Mapping[int, float] | None = None,
 ) -> TickResult:
     """One tick of BR-0 / BR-H over ``model``; see the module docstring for the order.
 
@@ -154,6 +166,8 @@ def run_two_stage(
     work = _Work(cluster)
     for g in idle:  # idled replicas take nothing, starving requests included
         work.use(g, work.cap[g], 0)
+    if size_caps:  # capped replicas take no prompt above their cap, starving ones included
+        work.size_cap = dict(size_caps)
     cur = PoolCursor(pool)
     out: list[Assignment] = []
     counts = dict.fromkeys(("stage1", "stage2", "guard", "aged", "shallow"), 0)
@@ -175,7 +189,7 @@ def run_two_stage(
         if work.s_tot <= 0:
             break
         s = req.prompt_tokens
-        cands = [g for g in work.open_replicas() if work.kv_room[g] >= s]
+        cands = [g for g in work.open_replicas() if work.fits(g, s)]
         if not hard:
             cands = [g for g in cands if soft_fill * model.scorer(g).peak <= s
                      <= model.scorer(g).peak]
@@ -198,7 +212,7 @@ def run_two_stage(
     while heap and cur.remaining > 0:
         g = heappop(heap)[2]
         sc = model.scorer(g)
-        room = work.kv_room[g]
+        room = work.limit(g)
         if work.s_tot > s_greedy:
             cands = cur.below(sc.peak, room, 1) + cur.above(sc.peak, room, 1)
             if not cands:
@@ -226,7 +240,7 @@ def run_two_stage(
                 if not cands:
                     continue
                 chosen, guarded = _best_subset(cands, cur.sizes, sc,
-                                               min(work.cap[g], r_max), room)
+                                               min(work.cap[g], r_max), work.kv_room[g])
                 assign(g, chosen, "guard" if guarded else "stage2")
         if work.cap[g] > 0:
             heappush(heap, (-work.cap[g], -model.rank(g), g))
@@ -252,7 +266,7 @@ def _place_each(pool: PromptPool, cur: PoolCursor, work: _Work, model: MarginMod
         if work.s_tot <= 0:
             break
         s = cur.sizes[i]
-        cands = [g for g in work.open_replicas() if work.kv_room[g] >= s]
+        cands = [g for g in work.open_replicas() if work.fits(g, s)]
         if not cands:
             continue
         scores = [(model.scorer(g)(float(s)), model.rank(g), -g) for g in cands]

@@ -166,7 +166,8 @@ def test_a_replica_past_the_balanced_time_waits_and_the_rest_fill() -> None:
     assert stragglers_to_idle(snap, 0.1) == {1}
     assert stragglers_to_idle(snap, 0.2) == set()  # 85 ms is within 1.2 x 75
     pool = _pool([100] * 12)
-    on = build_policy("br0", {"cost": "time", "idle_over_balanced": 0.1})
+    on = build_policy("br0", {"cost": "time", "idle_over_balanced": 0.1,
+                              "straggler_prompt_quantile": None})
     got = on.schedule(snap, pool, 0.0, 0).assignments
     assert len(got) == 8 and {x.replica for x in got} == {0}
     assert build_policy("br0", {"cost": "time"}).options.idle_over_balanced == 0.25
@@ -217,10 +218,57 @@ def test_a_starving_request_waits_for_a_replica_that_is_not_idled() -> None:
     pool.add(PoolRequest("old", 100, arrival_s=0.0, enqueued_s=0.0))
     pool.add(PoolRequest("new", 100, arrival_s=6.0, enqueued_s=6.0))
     pol = build_policy("br0", {"cost": "time", "ttft_budget_s": 5.0,
-                               "idle_over_balanced": 0.1})
+                               "idle_over_balanced": 0.1,
+                               "straggler_prompt_quantile": None})
     assert pol.schedule(full, pool, 6.0, 0).assignments == ()
     freed = ClusterSnapshot.build([80_000, 40_000], [15, 8], 16,
                                   step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.045])
     got = pol.schedule(freed, pool, 6.5, 1)
     assert [(x.request_id, x.replica) for x in got.assignments] == [("old", 0)]
     assert got.aged == 1
+
+
+def test_a_straggler_with_a_prompt_cap_takes_only_small_prompts() -> None:
+    # As above, replica 1 is past the bound. With straggler_prompt_quantile=0.5 it is
+    # not idled: it takes prompts up to the pool's median (100 tokens), and the large
+    # ones go to replica 0. Without the cap it takes nothing.
+    snap = ClusterSnapshot.build([80_000, 40_000], [8, 8], 16,
+                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.045])
+    pool = _pool([100] * 15 + [5000] * 15)
+    capped = build_policy("br0", {"cost": "time", "idle_over_balanced": 0.1})
+    assert capped.options.straggler_prompt_quantile == 0.5  # the default
+    got = capped.schedule(snap, pool, 0.0, 0).assignments
+    on_1 = [x.prompt_tokens for x in got if x.replica == 1]
+    assert on_1 and max(on_1) == 100
+    assert any(x.replica == 0 and x.prompt_tokens == 5000 for x in got)
+    idled = build_policy("br0", {"cost": "time", "idle_over_balanced": 0.1,
+                                 "straggler_prompt_quantile": None}).schedule(
+        snap, pool, 0.0, 0).assignments
+    assert {x.replica for x in idled} == {0}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st_=states(max_g=8, kv=True, dead=True), data=st.data(),
+       s_greedy=st.integers(0, 10), r_max=st.integers(1, 4), shallow=st.booleans())
+def test_a_capped_replica_never_takes_a_prompt_above_its_cap(
+        st_: tuple[ClusterSnapshot, PromptPool], data: st.DataObject, s_greedy: int,
+        r_max: int, shallow: bool) -> None:
+    cluster, pool = st_
+    g = cluster.num_replicas
+    caps = data.draw(st.dictionaries(st.integers(0, g - 1), st.integers(0, 5000),
+                                     max_size=g))
+    hard = data.draw(st.lists(st.booleans(), min_size=len(pool), max_size=len(pool)))
+    starving = [(r, h) for r, h in zip(pool.fcfs(), hard, strict=True)][:3]
+    res = run_two_stage(cluster, pool, ScalarMargins(cluster), s_greedy=s_greedy,
+                        r_max=r_max, starving=starving, shallow=shallow, size_caps=caps)
+    for x in res.assignments:
+        assert x.prompt_tokens <= caps.get(x.replica, x.prompt_tokens)
+    free = cluster.free_slots
+    for r in range(g):
+        assert sum(1 for x in res.assignments if x.replica == r) <= free[r]
+    # no caps: the same as before the option existed
+    plain = run_two_stage(cluster, pool, ScalarMargins(cluster), s_greedy=s_greedy,
+                          r_max=r_max, starving=starving, shallow=shallow)
+    assert plain.assignments == run_two_stage(
+        cluster, pool, ScalarMargins(cluster), s_greedy=s_greedy, r_max=r_max,
+        starving=starving, shallow=shallow, size_caps={}).assignments

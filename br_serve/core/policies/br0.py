@@ -64,6 +64,11 @@ class BR0Options(Options):
         "more than this share gets no new request until it falls back (None: off, "
         "every free slot is filled)")
 
+    straggler_prompt_quantile: float | None = option(
+        0.5, ge=0, le=1, doc="with idle_over_balanced: such a replica is not idled but "
+        "takes only prompts up to this (lower) quantile of the pool's prompt lengths, "
+        "the short requests that suit it (None: idled, its free slots wait)")
+
     shallow_pool: bool = option(
         True, doc="when every pool request fits the free slots, place each (largest "
         "first) on its best-F replica, ties to the least (projected) load")
@@ -147,15 +152,22 @@ class BR0(PolicyBase[BR0Options]):
                  tick: int) -> TickResult:
         c = self.options
         idle: set[int] = set()
+        caps: dict[int, float] = {}
         if (c.cost == "time" and c.idle_over_balanced is not None
                 and not homogeneous_tokens(cluster)):  # keeps the homogeneous identity
             idle = stragglers_to_idle(cluster, c.idle_over_balanced)
+            q = c.straggler_prompt_quantile
+            if q is not None and idle and len(pool):
+                sizes = pool.sorted_sizes
+                cap = float(sizes[int(q * (len(sizes) - 1))])  # the lower q-quantile
+                caps = dict.fromkeys(idle, cap)
+                idle = set()
         res = run_two_stage(
             cluster, pool, scalar_model(cluster, c),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
             starving=self.ageing.starving(pool, now_s, tick),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
-            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s, idle=idle)
+            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s, idle=idle, size_caps=caps)
         self.ageing.record(pool, len(res.assignments), now_s)
         return res
 
