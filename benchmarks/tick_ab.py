@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 import time
@@ -52,21 +51,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="the other checkout's root")
-    p.add_argument("-G", "--replicas", type=int, default=16)
-    p.add_argument("-N", "--pool", type=int, default=1024)
-    p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--ticks", type=int, default=3000)
-    p.add_argument("--states", type=int, default=64)
-    p.add_argument("--warm-start", type=int, default=4096)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prompt-median", type=float, default=None,
-                   help="median prompt tokens of the states (default e^7.5 = 1,808; 60: "
-                   "ServeGen R1-like, where the default trust rule looks ahead)")
-    p.add_argument("--json", default=None)
-    a = p.parse_args()
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.join(here, "benchmarks"))
-    from tick_compare import CONFIGS
+    from tick_compare import CONFIGS, add_state_args, finish
+    add_state_args(p, ticks=3000)
+    a = p.parse_args()
 
     def build(m: dict[str, ModuleType]) -> list[Any]:
         pols = []
@@ -120,12 +109,7 @@ def main() -> int:
         r = rows[-1]
         print(f"{label:<44} base {r['base_p50_us']:7.1f}  new {r['new_p50_us']:7.1f} us"
               f"  new/base {r['paired_ratio_p50']:.3f}  same: {r['same_assignments']}")
-    print(f"G={a.replicas} pool={a.pool} slots={a.slots} ticks={a.ticks} "
-          f"load average before {load0} after {load1}")
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"config": vars(a), "load_before": load0, "load_after": load1,
-                       "rows": rows}, fh, indent=1)
+    finish(a, rows, load0, load1)
     return 0
 
 

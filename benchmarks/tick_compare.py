@@ -41,13 +41,12 @@ CONFIGS: list[tuple[str, str, str | None, dict[str, Any]]] = [
 ]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_state_args(p: argparse.ArgumentParser, ticks: int) -> None:
+    """The options that describe the states and the run (shared with tick_ab.py)."""
     p.add_argument("-G", "--replicas", type=int, default=16)
     p.add_argument("-N", "--pool", type=int, default=1024)
     p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--ticks", type=int, default=2000)
+    p.add_argument("--ticks", type=int, default=ticks)
     p.add_argument("--states", type=int, default=64)
     p.add_argument("--warm-start", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
@@ -55,6 +54,23 @@ def main() -> int:
                    help="median prompt tokens of the states (default e^7.5 = 1,808; 60: "
                    "ServeGen R1-like, where the default trust rule looks ahead)")
     p.add_argument("--json", default=None)
+
+
+def finish(a: argparse.Namespace, rows: list[dict[str, Any]], load0: Any, load1: Any
+           ) -> None:
+    """Print the run's configuration and load, and write the JSON (``--json``)."""
+    print(f"G={a.replicas} pool={a.pool} slots={a.slots} ticks={a.ticks} "
+          f"load average before {load0} after {load1}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"config": vars(a), "load_before": load0, "load_after": load1,
+                       "rows": rows}, fh, indent=1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_state_args(p, ticks=2000)
     a = p.parse_args()
     from predictors import make_predictor, warm_start
 
@@ -96,12 +112,7 @@ def main() -> int:
         r = rows[-1]
         print(f"{label:<44} P50 {r['p50_us']:8.1f} us  P99 {r['p99_us']:8.1f} us"
               f"  look-ahead used in {100 * float(r['lookahead_share']):.0f}% of ticks")
-    print(f"G={a.replicas} pool={a.pool} slots={a.slots} ticks={a.ticks} "
-          f"load average before {load0} after {load1}")
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"config": vars(a), "load_before": load0, "load_after": load1,
-                       "rows": rows}, fh, indent=1)
+    finish(a, rows, load0, load1)
     return 0
 
 
