@@ -272,3 +272,22 @@ def test_a_capped_replica_never_takes_a_prompt_above_its_cap(
     assert plain.assignments == run_two_stage(
         cluster, pool, ScalarMargins(cluster), s_greedy=s_greedy, r_max=r_max,
         starving=starving, shallow=shallow, size_caps={}).assignments
+
+
+def test_in_a_shallow_pool_a_straggler_is_idled_not_capped() -> None:
+    # Replica 1 is the straggler (as above); replica 0 has 2 free slots. A pool of 7
+    # requests is below a quarter of the 32 slots: the cluster is not throughput-bound,
+    # so replica 1 is idled (every step stays short) and takes none of the small
+    # prompts it would take capped (straggler_cap_min_pool_share=0: always capped).
+    snap = ClusterSnapshot.build([80_000, 40_000], [14, 8], 16,
+                                 step_a_s_per_token=[5e-7, 1e-6], step_b_s=[0.03, 0.045])
+    sizes = [100] * 4 + [5000] * 3
+
+    def run(share: float) -> list[tuple[int, int]]:
+        pol = build_policy("br0", {"cost": "time", "idle_over_balanced": 0.1,
+                                   "straggler_cap_min_pool_share": share})
+        return [(x.replica, x.prompt_tokens)
+                for x in pol.schedule(snap, _pool(sizes), 0.0, 0).assignments]
+
+    assert run(0.25) == [(0, 5000), (0, 5000)]  # the default: idled
+    assert run(0.0) == [(0, 5000), (0, 5000)] + [(1, 100)] * 4  # capped

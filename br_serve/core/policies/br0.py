@@ -65,9 +65,14 @@ class BR0Options(Options):
         "every free slot is filled)")
 
     straggler_prompt_quantile: float | None = option(
-        0.5, ge=0, le=1, doc="with idle_over_balanced: such a replica is not idled but "
-        "takes only prompts up to this (lower) quantile of the pool's prompt lengths, "
-        "the short requests that suit it (None: idled, its free slots wait)")
+        0.5, ge=0, le=1, doc="with idle_over_balanced, in a deep pool: such a replica is "
+        "not idled but takes only prompts up to this (lower) quantile of the pool's "
+        "prompt lengths, the short requests that suit it (None: always idled)")
+    straggler_cap_min_pool_share: float = option(
+        0.25, ge=0, doc="the pool is deep (a straggler is capped, not idled) when it "
+        "holds at least this share of the alive replicas' slots; in a shallower pool a "
+        "straggler is idled, which keeps every step short (latency) where the deep "
+        "pool's throughput is not at stake")
 
     shallow_pool: bool = option(
         True, doc="when every pool request fits the free slots, place each (largest "
@@ -157,7 +162,9 @@ class BR0(PolicyBase[BR0Options]):
                 and not homogeneous_tokens(cluster)):  # keeps the homogeneous identity
             idle = stragglers_to_idle(cluster, c.idle_over_balanced)
             q = c.straggler_prompt_quantile
-            if q is not None and idle and len(pool):
+            deep = len(pool) >= c.straggler_cap_min_pool_share * float(
+                cluster.slots[cluster.alive].sum())
+            if q is not None and idle and len(pool) and deep:
                 sizes = pool.sorted_sizes
                 cap = float(sizes[int(q * (len(sizes) - 1))])  # the lower q-quantile
                 caps = dict.fromkeys(idle, cap)
