@@ -31,8 +31,8 @@ def ensemble_table(doc: dict[str, Any]) -> list[str]:
     out = ["| workload | setting | mode | br0 vs jsq % | best of sglang, min_max vs jsq % | "
            + " | ".join(f"{v} vs br0 %" for v in VARIANTS)
            + " | share br0 / br0-time | stream speed-up br0-time vs br0 % | "
-           "TTFT P95 s br0 / br0-time |",
-           "|" + "---|" * (9 + len(VARIANTS) - 1)]
+           "TTFT P95 s br0 / br0-time | from |",
+           "|" + "---|" * (10 + len(VARIANTS) - 1)]
     for c in doc["cells"]:
         by = {r["label"]: r for r in c["rows"]}
         br0, t = by["br0"], by.get("br0-time")
@@ -46,7 +46,8 @@ def ensemble_table(doc: dict[str, Any]) -> list[str]:
         out.append(f"| {c['workload']} | {c['setting']} | {c['mode']} | "
                    f"{_pct(br0['gain_vs_jsq_mean'])} | {_pct(best)} | "
                    + " | ".join(_ci(by.get(v)) for v in VARIANTS)
-                   + f" | {share} | {_ci(t, 'speedup_vs_br0') if trace else '-'} | {ttft} |")
+                   + f" | {share} | {_ci(t, 'speedup_vs_br0') if trace else '-'} | {ttft} "
+                   f"| {c.get('source', '-')} |")
     return out
 
 
@@ -69,11 +70,20 @@ def capacity_table(doc: dict[str, Any]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ensemble", type=Path, default=Path("results/time_aware.json"))
+    ap.add_argument("--ensemble", type=Path, nargs="+",
+                    default=[Path("results/time_aware.json")],
+                    help="one or more JSON files; a later file's cell replaces an earlier "
+                    "one of the same workload, setting and mode")
     ap.add_argument("--capacity", type=Path, default=Path("results/time_aware_capacity.json"))
     a = ap.parse_args()
-    if a.ensemble.exists():
-        print("\n".join(ensemble_table(json.loads(a.ensemble.read_text()))))
+    cells: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for path in a.ensemble:
+        if path.exists():
+            for c in json.loads(path.read_text())["cells"]:
+                key = (c["workload"], c["setting"], c["mode"])
+                cells[key] = {**c, "source": path.name}
+    if cells:
+        print("\n".join(ensemble_table({"cells": list(cells.values())})))
         print()
     if a.capacity.exists():
         print("\n".join(capacity_table(json.loads(a.capacity.read_text()))))
