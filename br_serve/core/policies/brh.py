@@ -291,6 +291,10 @@ class BRH(PolicyBase[BRHOptions]):
         need = np.sort(big).tolist()  # ascending, like the pool's: pair index by index
         return all(map(operator.ge, sizes[-k:], need))
 
+    def shallow(self, cluster: ClusterSnapshot, pool: PromptPool) -> bool:
+        """Shallow-pool mode is on and the pool fits the free slots (always look ahead)."""
+        return self.options.shallow_pool and len(pool) <= int(cluster.free_slots.sum())
+
     def trusted(self, cluster: ClusterSnapshot, pool: PromptPool, ends: IntArray | None,
                 p_fin: FloatArray | None) -> bool:
         """Whether this tick looks ahead (else it makes BR-0's decision; docs/core.md).
@@ -304,7 +308,7 @@ class BRH(PolicyBase[BRHOptions]):
         threshold = self.options.trust_refill_coverage
         if threshold is None:
             return True
-        if self.options.shallow_pool and len(pool) <= int(cluster.free_slots.sum()):
+        if self.shallow(cluster, pool):
             return True
         if ends is None:
             return False
@@ -347,7 +351,7 @@ class BRH(PolicyBase[BRHOptions]):
         threshold = c.trust_refill_coverage
         if (threshold is not None and threshold <= 1.0
                 and not isinstance(self.predictor, SurvivesWindow)  # nothing to skip
-                and not (c.shallow_pool and len(pool) <= int(cluster.free_slots.sum()))
+                and not self.shallow(cluster, pool)
                 and self.pool_refills_any_drop(cluster, pool)):
             # the trust rule's answer is known without the predictor: BR-0's decision
             ends, p_fin, ok, trusted = None, None, True, False
