@@ -19,7 +19,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace file (any format load_trace reads)")
     p.add_argument("--format", default="auto", help="trace format (default: detect)")
     p.add_argument("--limit", type=int, default=None, help="use the first N requests")
-    p.add_argument("--horizon", type=int, default=80, help="window H in decode steps")
+    p.add_argument("--horizon", type=int, default=800,
+                   help="window H in decode steps (default: BR-H's default window)")
     p.add_argument("--step-s", type=float, default=0.08,
                    help="seconds per decode step in the replay (default 0.08)")
     p.add_argument("--train-frac", type=float, default=0.7,

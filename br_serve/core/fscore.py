@@ -93,37 +93,78 @@ class HorizonScore:
         return out
 
 
+def horizon_points(horizon: int, first_step: int | None = None) -> IntArray:
+    """The steps of the window BR-H projects at: ``0..H`` every step (``first_step``
+    None), or ``0`` and a doubling ladder ``first_step, 2 first_step, 4 first_step, ...``
+    ending at ``H`` (sparse: a long window for a few points)."""
+    if first_step is None or horizon == 0:
+        return np.arange(horizon + 1, dtype=np.int64)
+    pts = [0]
+    x = first_step
+    while x < horizon:
+        pts.append(x)
+        x *= 2
+    pts.append(horizon)
+    return np.array(pts, dtype=np.int64)
+
+
+def point_weights(points: IntArray, gamma: float) -> FloatArray:
+    """Each projection point's weight: ``sum gamma^h`` over the window steps nearest to it
+    (a step halfway between two points goes to the later one). On every step of the
+    window this is exactly :func:`discount_weights`; on a sparse ladder each point
+    stands for the steps around it, so the score still sums over the whole window."""
+    pts = np.asarray(points, dtype=np.int64)
+    lo = np.empty_like(pts)
+    lo[0] = 0
+    lo[1:] = (pts[:-1] + pts[1:] + 1) // 2
+    hi = np.append(lo[1:], pts[-1] + 1)
+    if gamma == 1.0:
+        return (hi - lo).astype(np.float64)
+    g = float(gamma)
+    out: FloatArray = (np.power(g, lo.astype(np.float64))
+                       - np.power(g, hi.astype(np.float64))) / (1.0 - g)
+    return out
+
+
 def projected_loads(
     replica: IntArray,
     weight_tokens: IntArray,
     end_step: IntArray | None,
     replicas: int,
-    horizon: int,
+    points: int | IntArray,
 ) -> FloatArray:
-    """``L_g(h) = sum_{i on g, h < end_i} (w_i + h)`` for ``h = 0..H``, shape ``(G, H+1)``.
+    """``L_g(h) = sum_{i on g, h < end_i} (w_i + h)`` at the projection points ``h``
+    (``points``: an ascending step array starting at 0, or an int ``H`` for every step
+    ``0..H``), shape ``(G, len(points))``.
 
     ``end_step[i]`` is the first step at which request ``i`` no longer runs; values
-    above ``H`` (or ``end_step=None`` for all) mean "survives the window". Survivors
-    contribute ``W_g + N_g*h`` in closed form; only in-window finishers go through
-    difference arrays, so the common closed-gate case costs two ``bincount`` calls and
-    there is no per-request Python loop either way.
+    above the last point (or ``end_step=None`` for all) mean "survives the window".
+    Survivors contribute ``W_g + N_g*h`` in closed form; only in-window finishers go
+    through difference arrays over the points, so the common closed-gate case costs two
+    ``bincount`` calls and there is no per-request Python loop either way.
     """
-    h = np.arange(horizon + 1, dtype=np.float64)
+    pts = (np.arange(points + 1, dtype=np.int64) if isinstance(points, int)
+           else np.asarray(points, dtype=np.int64))
+    h = pts.astype(np.float64)
+    last = int(pts[-1])
     w = weight_tokens.astype(np.float64)
-    if end_step is None or bool((end_step > horizon).all()):
+    if end_step is None or bool((end_step > last).all()):
         sw = np.bincount(replica, weights=w, minlength=replicas)
         sn = np.bincount(replica, minlength=replicas).astype(np.float64)
         out: FloatArray = sw[:, None] + sn[:, None] * h[None, :]
         return out
     assert end_step is not None
-    width = horizon + 2
-    end = np.clip(end_step, 0, horizon + 1)
+    k = pts.shape[0]
+    width = k + 1
+    # a request runs at the points strictly before its end: the first idx of them
+    idx = (np.clip(end_step, 0, last + 1) if k == last + 1
+           else np.searchsorted(pts, end_step, side="left"))
     base = replica * width
     n_bins = replicas * width
     dw = np.bincount(base, weights=w, minlength=n_bins) - np.bincount(
-        base + end, weights=w, minlength=n_bins)
-    dn = np.bincount(base, minlength=n_bins) - np.bincount(base + end, minlength=n_bins)
-    sum_w = np.cumsum(dw.reshape(replicas, width), axis=1)[:, : horizon + 1]
-    count = np.cumsum(dn.reshape(replicas, width), axis=1)[:, : horizon + 1]
+        base + idx, weights=w, minlength=n_bins)
+    dn = np.bincount(base, minlength=n_bins) - np.bincount(base + idx, minlength=n_bins)
+    sum_w = np.cumsum(dw.reshape(replicas, width), axis=1)[:, :k]
+    count = np.cumsum(dn.reshape(replicas, width), axis=1)[:, :k]
     out = sum_w + count * h
     return out

@@ -10,7 +10,9 @@ from br_serve.core.fscore import (
     HorizonScore,
     discount_weights,
     f_score,
+    horizon_points,
     imbalance_tokens,
+    point_weights,
     projected_loads,
 )
 
@@ -109,7 +111,7 @@ def test_growing_score_is_minus_discounted_delta_imbalance(proj: list[list[int]]
                                                            gamma: float,
                                                            data: st.DataObject) -> None:
     """BR-H's score for n admitted requests counts their growth: load D + n*h at step h."""
-    from br_serve.core.policies.brh import GrowingScore
+    from br_serve.core.horizon import GrowingScore
 
     loads = np.array(proj, dtype=np.float64)
     gsz, width = loads.shape
@@ -125,3 +127,67 @@ def test_growing_score_is_minus_discounted_delta_imbalance(proj: list[list[int]]
     sc = GrowingScore(loads.max(axis=0) - loads[g], h, d_w, 1.0, float(gsz),
                       uniform=gamma == 1.0, dh=float(d_w @ h))
     assert np.isclose(sc(d, n), -(d_w @ delta), rtol=1e-9, atol=1e-6)
+
+
+@given(horizon=st.integers(0, 5000), step=st.one_of(st.none(), st.integers(1, 400)),
+       gamma=st.floats(0.9, 1.0))
+def test_horizon_points_and_their_weights_cover_the_window(horizon: int, step: int | None,
+                                                          gamma: float) -> None:
+    """The ladder starts at 0, ends at H, ascends strictly; its weights sum to the whole
+    window's discount, and on every step they are the discount weights themselves."""
+    pts = horizon_points(horizon, step)
+    assert pts[0] == 0 and pts[-1] == horizon
+    assert (np.diff(pts) > 0).all()
+    if step is None:
+        assert np.array_equal(pts, np.arange(horizon + 1))
+    w = point_weights(pts, gamma)
+    whole = discount_weights(horizon, gamma)
+    assert np.isclose(w.sum(), whole.sum(), rtol=1e-9)
+    assert (w > 0).all()
+    if step is None:
+        assert np.allclose(w, whole, rtol=1e-9)
+
+
+@given(data=st.data())
+def test_projected_loads_at_points_are_the_dense_ones_read_there(data: st.DataObject) -> None:
+    g = data.draw(st.integers(1, 5))
+    h = data.draw(st.integers(0, 200))
+    pts = horizon_points(h, data.draw(st.one_of(st.none(), st.integers(1, 30))))
+    n = data.draw(st.integers(0, 20))
+    rep = np.array(data.draw(st.lists(st.integers(0, g - 1), min_size=n, max_size=n)),
+                   dtype=np.int64)
+    w = np.array(data.draw(st.lists(st.integers(0, 5000), min_size=n, max_size=n)),
+                 dtype=np.int64)
+    end = np.array(data.draw(st.lists(st.integers(0, h + 5), min_size=n, max_size=n)),
+                   dtype=np.int64)
+    dense = projected_loads(rep, w, end, g, h)
+    assert np.array_equal(projected_loads(rep, w, end, g, pts), dense[:, pts])
+    assert np.array_equal(projected_loads(rep, w, None, g, pts),
+                          projected_loads(rep, w, None, g, h)[:, pts])
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), gamma=st.floats(0.5, 1.0))
+def test_growing_score_on_a_ladder_is_minus_weighted_delta_imbalance(
+        data: st.DataObject, gamma: float) -> None:
+    """On a sparse ladder of points, BR-H's score is ``-sum_k w_k dI(h_k)`` with each
+    point's weight and the admitted requests' growth ``D + n h_k``."""
+    from br_serve.core.horizon import GrowingScore
+
+    gsz = data.draw(st.integers(1, 6))
+    pts = horizon_points(data.draw(st.integers(0, 3000)), data.draw(st.integers(1, 50)))
+    h = pts.astype(np.float64)
+    loads = np.array(data.draw(st.lists(
+        st.lists(st.integers(0, 10**5), min_size=len(pts), max_size=len(pts)),
+        min_size=gsz, max_size=gsz)), dtype=np.float64)
+    wts = point_weights(pts, gamma)
+    g = data.draw(st.integers(0, gsz - 1))
+    n = data.draw(st.integers(1, 4))
+    d = float(data.draw(st.integers(0, 2 * 10**5)))
+    after = loads.copy()
+    after[g] += d + n * h
+    delta = np.array([imbalance_tokens(after[:, k]) - imbalance_tokens(loads[:, k])
+                      for k in range(len(pts))])
+    sc = GrowingScore(loads.max(axis=0) - loads[g], h, wts, 1.0, float(gsz),
+                      uniform=False, dh=float(wts @ h))
+    assert np.isclose(sc(d, n), -(wts @ delta), rtol=1e-9, atol=1e-6 * max(1.0, wts.sum()))

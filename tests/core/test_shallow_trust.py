@@ -101,9 +101,14 @@ def _deep_cluster() -> tuple[ClusterSnapshot, list[int]]:
     return ClusterSnapshot.build([6000, 6000], [1, 1], 3, running=run), [6000, 6000]
 
 
+#: BR-H with the refill-coverage trust rule alone, every step of a 10-step window
+_COVERAGE_RULE = {"horizon": 10, "horizon_step": None, "trust_refill_coverage": 0.5,
+                  "trust_decode_share": None}
+
+
 def test_refill_coverage_by_hand() -> None:
     cluster, _ = _deep_cluster()
-    pol = build_policy("brh", {"horizon": 10}, PolicyContext(predictor=OracleHook()))
+    pol = build_policy("brh", _COVERAGE_RULE, PolicyContext(predictor=OracleHook()))
     ends, p, ok = pol._predict(cluster)  # type: ignore[attr-defined]
     assert ok and ends is not None and ends.tolist() == [3, 11]
     # one projected drop of 6,000 + 3 = 6,003 tokens; the pool's largest prompt covers
@@ -116,7 +121,7 @@ def test_refill_coverage_by_hand() -> None:
 
 def test_lookahead_is_used_only_where_the_pool_will_not_refill_the_drops() -> None:
     cluster, _ = _deep_cluster()
-    pol = build_policy("brh", {"horizon": 10, "shallow_pool": False},
+    pol = build_policy("brh", {**_COVERAGE_RULE, "shallow_pool": False},
                        PolicyContext(predictor=OracleHook()))
     # Pool of small prompts: the drop is real, the look-ahead is used.
     small = pol.schedule(cluster, _pool([50, 100, 150, 200]), 0.0, 0)
@@ -134,11 +139,12 @@ def test_lookahead_is_used_only_where_the_pool_will_not_refill_the_drops() -> No
        r_max=st.integers(1, 5), shallow=st.booleans(),
        hold=st.sampled_from([0.0, 100.0]), fcfs=st.sampled_from([None, 0.0, 30.0]),
        soft=st.sampled_from([0.0, 0.25, 1.0]), refill=st.sampled_from(["none", "rollout"]),
-       trust=st.sampled_from([None, 0.0, 0.5]))
+       trust=st.sampled_from([None, 0.0, 0.5]), decode=st.sampled_from([None, 0.0, 0.5]),
+       step=st.sampled_from([None, 1, 25]))
 def test_brh_h0_equals_br0_with_the_new_options(
         st_: tuple[ClusterSnapshot, PromptPool], s_greedy: int, r_max: int, shallow: bool,
         hold: float, fcfs: float | None, soft: float, refill: str,
-        trust: float | None) -> None:
+        trust: float | None, decode: float | None, step: int | None) -> None:
     """``horizon=0, alpha=1, beta=G`` is BR-0 under every ageing, shallow-pool, hold,
     refill and trust setting (the options BR-H shares with BR-0 set alike), over a few
     ticks so the ageing clock matters."""
@@ -149,7 +155,8 @@ def test_brh_h0_equals_br0_with_the_new_options(
         "hold_budget_ms": hold, "max_wait_beyond_fcfs_s": fcfs, "ageing_soft_share": soft}
     br0 = build_policy("br0", common)
     brh = build_policy("brh", {"horizon": 0, "alpha": 1.0, "beta": float(g_alive),
-                               "refill": refill, "trust_refill_coverage": trust, **common},
+                               "refill": refill, "trust_refill_coverage": trust,
+                               "trust_decode_share": decode, "horizon_step": step, **common},
                        PolicyContext(predictor=OracleHook()))
     pa, pb = PromptPool(), PromptPool()
     for rid, size in zip(pool.sorted_ids, pool.sorted_sizes, strict=True):
@@ -171,3 +178,46 @@ def test_brh_h0_equals_br0_with_the_new_options(
         assert (a.held, a.retick_s) == (b.held, b.retick_s)
         pa.remove_many(a.assignments)
         pb.remove_many(b.assignments)
+
+
+def _decode_cluster(decoded: int) -> ClusterSnapshot:
+    # Replica 0's request (prompt 100) ends in 3 steps (oracle); replica 1's lives on.
+    run = RunningRequests.build([0, 1], [100, 100], [decoded, decoded],
+                                true_remaining_steps=[3, 10_000])
+    return ClusterSnapshot.build([100 + decoded] * 2, [1, 1], 3, running=run)
+
+
+def test_decode_led_by_hand() -> None:
+    pol = build_policy("brh", {"trust_decode_share": 0.5},
+                       PolicyContext(predictor=OracleHook()))
+    assert pol.decode_led(_decode_cluster(100))  # type: ignore[attr-defined]  # 100 / 200
+    assert not pol.decode_led(_decode_cluster(99))  # type: ignore[attr-defined]
+    off = build_policy("brh", {"trust_decode_share": None},
+                       PolicyContext(predictor=OracleHook()))
+    assert off.decode_led(_decode_cluster(0))  # type: ignore[attr-defined]
+    empty = ClusterSnapshot.build([0, 0], [0, 0], 3, running=RunningRequests.empty())
+    assert not pol.decode_led(empty)  # type: ignore[attr-defined]
+
+
+def test_decode_rule_looks_ahead_only_where_decode_makes_the_load() -> None:
+    """A deep pool: where prompts make the load the tick is BR-0's, predictor unasked;
+    where decode does, it looks ahead (and here sees replica 0's coming drop)."""
+    opts = {"horizon": 40, "horizon_step": 5, "shallow_pool": False,
+            "trust_decode_share": 0.5, "trust_refill_coverage": None}
+    pool_sizes = [400, 900, 1500, 3000]
+    asked: list[int] = []
+
+    class Counting(OracleHook):
+        def predict(self, running: RunningRequests, horizon_steps: int):  # type: ignore[no-untyped-def]
+            asked.append(horizon_steps)
+            return super().predict(running, horizon_steps)
+
+    prompt_led = build_policy("brh", opts, PolicyContext(predictor=Counting()))
+    res = prompt_led.schedule(_decode_cluster(50), _pool(pool_sizes), 0.0, 0)
+    assert not res.lookahead and asked == []
+    br0 = build_policy("br0", {"shallow_pool": False}).schedule(
+        _decode_cluster(50), _pool(pool_sizes), 0.0, 0)
+    assert res.assignments == br0.assignments
+    decode_led = build_policy("brh", opts, PolicyContext(predictor=Counting()))
+    res = decode_led.schedule(_decode_cluster(5000), _pool(pool_sizes), 0.0, 0)
+    assert res.lookahead and asked == [40]

@@ -23,8 +23,9 @@ from br_serve.core import (
     build_policy,
 )
 from br_serve.core.fscore import discount_weights
+from br_serve.core.horizon import GrowingScore
 from br_serve.core.policies.br0 import ScalarScorer
-from br_serve.core.policies.brh import BRH, GrowingScore
+from br_serve.core.policies.brh import BRH
 from br_serve.core.tick import PoolCursor, _best_single
 from br_serve.core.timecost import TimeScorer
 from tests.core.strategies import states
@@ -105,7 +106,7 @@ class _RandomPredictor:
 def test_skipping_the_predictor_never_changes_the_trust_rule(
         st_: tuple[ClusterSnapshot, PromptPool], seed: int, h: int, trust: float) -> None:
     cluster, pool = st_
-    opts = {"horizon": h, "trust_refill_coverage": trust}
+    opts = {"horizon": h, "trust_refill_coverage": trust, "trust_decode_share": None}
     pol = build_policy("brh", opts, PolicyContext(predictor=_RandomPredictor(seed)))
     assert isinstance(pol, BRH)
     if pol.pool_refills_any_drop(cluster, pool):
@@ -129,7 +130,8 @@ def test_the_shortcut_fires_on_a_deep_pool_of_large_prompts() -> None:
     pool = PromptPool()
     for i, s in enumerate([100, 3300, 7000]):
         pool.add(PoolRequest(f"r{i}", s))
-    pol = build_policy("brh", {"horizon": 10}, PolicyContext(predictor=_RandomPredictor(0)))
+    pol = build_policy("brh", {"horizon": 10, "trust_refill_coverage": 0.5},
+                       PolicyContext(predictor=_RandomPredictor(0)))
     assert isinstance(pol, BRH)
     # 7,000 >= 6,000 + 10 and 3,300 >= 3,200 + 10: every drop is refilled
     assert pol.pool_refills_any_drop(cluster, pool)

@@ -64,7 +64,7 @@ def _cluster() -> ClusterSnapshot:
 
 
 def _brh(predictor: object, clock: Callable[[], float] = lambda: 0.0) -> Any:
-    return build_policy("brh", {"horizon": H},
+    return build_policy("brh", {"horizon": H, "horizon_step": None, "trust_decode_share": None},
                         PolicyContext(predictor=predictor, clock=clock))  # type: ignore[arg-type]
 
 

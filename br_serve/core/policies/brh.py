@@ -9,7 +9,8 @@ from typing import Literal
 import numpy as np
 
 from br_serve.core.ageing import Ageing
-from br_serve.core.fscore import HorizonScore, discount_weights, projected_loads
+from br_serve.core.fscore import horizon_points, point_weights, projected_loads
+from br_serve.core.horizon import HorizonMargins, RefillMargins
 from br_serve.core.options import ConfigError, option
 from br_serve.core.policies.br0 import BR0Options, ScalarMargins
 from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, register_policy
@@ -24,8 +25,13 @@ from br_serve.core.types import ClusterSnapshot, FloatArray, IntArray, TickResul
 class BRHOptions(BR0Options):
     """BR-0's options plus the look-ahead's. ``horizon=0, alpha=1, beta=None`` is BR-0."""
 
-    horizon: int = option(80, ge=0, le=4096, doc="look-ahead window H in decode steps "
-                          "(also the predictor's window)")
+    horizon: int = option(800, ge=0, le=16384, doc="look-ahead window H in decode steps "
+                          "(also the predictor's window); it must reach the lifetimes of "
+                          "the requests whose ends unbalance the cluster")
+    horizon_step: int | None = option(
+        25, ge=1, doc="project at step 0 and a doubling ladder from this step up to "
+        "the horizon (each point weighs the window steps nearest to it), instead of at "
+        "every step (None): a long window for a few points")
     gamma: float = option(1.0, gt=0, le=1, doc="discount per step of the window")
     alpha: float = option(1.0, gt=0, doc="weight of the fill term")
     beta: float | None = option(None, gt=0, doc="weight of the overflow term (None: the "
@@ -40,9 +46,14 @@ class BRHOptions(BR0Options):
     absorb: bool = option(True, doc="with refill: an admission displaces the replica's "
                           "own projected refill")
     trust_refill_coverage: float | None = option(
-        0.5, ge=0, doc="per tick in a pool deeper than the free slots, use BR-0's "
+        None, ge=0, doc="per tick in a pool deeper than the free slots, use BR-0's "
         "decision unless the window projects drops of which the pool can refill less "
         "than this share (refill_coverage; None: always look ahead)")
+    trust_decode_share: float | None = option(
+        0.5, ge=0, le=1, doc="per tick in a pool deeper than the free slots, use BR-0's "
+        "decision unless decoded tokens are at least this share of the running load "
+        "(the load is made by decode growth and ends, which the look-ahead projects, "
+        "rather than by prompts, which BR-0's placement decides; None: no such rule)")
     max_refills: int | None = option(None, ge=0, doc="with refill: at most this many "
                                      "refills per tick (None: as many as the pool holds)")
 
@@ -50,145 +61,6 @@ class BRHOptions(BR0Options):
         if self.cost != "tokens":
             raise ConfigError(f"cost: brh balances tokens only so far (got {self.cost!r}); "
                               "use br0 for cost='time'")
-
-
-class GrowingScore:
-    """BR-H score of one replica counting the admitted requests' own growth.
-
-    Admitting ``n`` requests of total prompt ``D`` adds ``D + n*h`` to the replica's
-    load at step ``h``, so ``F_n(D) = alpha*sum_h d_h (D + n h)
-    - beta*sum_h d_h (D + n h - m(h))_+``: the paper's score with margins ``m - n*h`` and
-    a constant ``alpha*n*sum_h d_h h``. With ``alpha = 1, beta = G`` it is exactly
-    ``-sum_h d_h dI(h)``. Leaving the growth out made BR-H overfill replicas with a free
-    slot (their margins grow with ``h`` only until the new request starts growing too):
-    measured, imbalance rose with ``H`` even with the gate closed (docs/core.md).
-    ``peak`` is the single-request peak (``n = 1``).
-    """
-
-    __slots__ = ("_args", "_bonus1", "_margins", "_one", "_parts", "peak")
-
-    def __init__(self, margins: FloatArray, h: FloatArray, d: FloatArray, alpha: float,
-                 beta: float, uniform: bool, dh: float, fill: float | None = None) -> None:
-        # ``fill`` (with refills): the total fill weight, ``d`` the overflow weights
-        # and ``dh`` the fill weights' ``sum_h u_h h``; see RefillMargins.
-        self._margins = margins
-        self._args = (h, d, alpha, beta, uniform, dh, fill)
-        self._parts: dict[int, tuple[HorizonScore, float]] = {}
-        self._one, self._bonus1 = self._part(1)  # the common case, kept at hand
-        self.peak = self._one.peak
-
-    def _part(self, n: int) -> tuple[HorizonScore, float]:
-        part = self._parts.get(n)
-        if part is None:
-            h, d, alpha, beta, uniform, dh, fill = self._args
-            part = (HorizonScore(self._margins - n * h, d, alpha, beta, uniform, fill),
-                    alpha * n * dh)
-            self._parts[n] = part
-        return part
-
-    def __call__(self, d_tokens: float, n_requests: int = 1) -> float:
-        if n_requests == 1:
-            return self._one(d_tokens) + self._bonus1
-        sc, bonus = self._part(n_requests)
-        return sc(d_tokens) + bonus
-
-
-class HorizonMargins:
-    """Projected loads ``L_g(h)``, envelope ``M(h)`` and margin vectors ``M - L_g``.
-
-    Scorers are cached per replica and dropped when an admission changes what they
-    depend on (the replica's own loads, or the envelope).
-    """
-
-    __slots__ = ("_cache", "alive", "alpha", "beta", "d", "dh", "h", "ld", "loads", "top",
-                 "uniform")
-
-    def __init__(self, loads: FloatArray, alive: np.ndarray, d: FloatArray, alpha: float,
-                 beta: float) -> None:
-        self.loads = loads
-        self.alive = alive
-        self.d = d
-        self.alpha = alpha
-        self.beta = beta
-        self.h = np.arange(d.shape[0], dtype=np.float64)
-        self.dh = float(d @ self.h)
-        self.uniform = bool((d == 1.0).all())
-        self.top: FloatArray = (loads[alive].max(axis=0) if alive.any()
-                                else np.zeros(d.shape[0]))
-        self.ld: list[float] = (loads @ d).tolist()
-        self._cache: dict[int, GrowingScore] = {}
-
-    def rank(self, g: int) -> float:
-        return -self.ld[g]  # discounted margin (M - L_g)'d, less the common M'd
-
-    def scorer(self, g: int) -> GrowingScore:
-        sc = self._cache.get(g)
-        if sc is None:
-            sc = GrowingScore(self.top - self.loads[g], self.h, self.d, self.alpha, self.beta,
-                              self.uniform, self.dh)
-            self._cache[g] = sc
-        return sc
-
-    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
-        row = self.loads[g]
-        row += d_tokens + n_requests * self.h  # new requests grow like the others
-        self.ld[g] = float(row.sum() if self.uniform else row @ self.d)
-        if (row > self.top).any():
-            np.maximum(self.top, row, out=self.top)
-            self._cache.clear()
-        else:
-            self._cache.pop(g, None)
-
-
-class RefillMargins(HorizonMargins):
-    """:class:`HorizonMargins` over a projection with refills (core/projection.py).
-
-    ``target`` are the projected loads with every rollout refill, ``base`` the same with
-    each replica's own refills at ``min_prompt`` (the least a refill can bring). Past a
-    replica's first refill ``f_g`` an admission displaces its refill: its load there is
-    ``max(target, base + D + n h)``, so the score of ``g`` weighs the fill
-    ``alpha * d_h`` before ``f_g`` only, and the overflow past the margin ``top - base``
-    by ``beta * d_h`` before ``f_g`` and ``(beta - alpha) * d_h`` after (the displaced
-    refill no longer fills: an overflowing admission adds ``(G - 1)`` times its excess
-    to the imbalance, not ``G``). With no refill on ``g`` it is :class:`GrowingScore`.
-    """
-
-    __slots__ = ("base", "first")
-
-    def __init__(self, target: FloatArray, base: FloatArray, first: list[int],
-                 alive: np.ndarray, d: FloatArray, alpha: float, beta: float) -> None:
-        super().__init__(target, alive, d, alpha, beta)
-        self.base = base
-        self.first = first
-
-    def scorer(self, g: int) -> GrowingScore:
-        sc = self._cache.get(g)
-        if sc is None:
-            f = self.first[g]
-            m = self.top - self.base[g]
-            if f >= self.d.shape[0]:
-                sc = GrowingScore(m, self.h, self.d, self.alpha, self.beta, self.uniform,
-                                  self.dh)
-            else:
-                w = self.d.copy()
-                w[f:] *= 1.0 - self.alpha / self.beta
-                fill = self.alpha * float(self.d[:f].sum())
-                dh = float(self.d[:f] @ self.h[:f])
-                sc = GrowingScore(m, self.h, w, self.alpha, self.beta, False, dh, fill)
-            self._cache[g] = sc
-        return sc
-
-    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
-        b = self.base[g]
-        b += d_tokens + n_requests * self.h
-        row = self.loads[g]
-        np.maximum(row, b, out=row)
-        self.ld[g] = float(row @ self.d)
-        if (row > self.top).any():
-            np.maximum(self.top, row, out=self.top)
-            self._cache.clear()
-        else:
-            self._cache.pop(g, None)
 
 
 @register_policy("brh")
@@ -207,7 +79,9 @@ class BRH(PolicyBase[BRHOptions]):
         super().__init__(options, context)
         self.predictor = context.predictor or SurvivesWindow()
         self.clock = context.clock
-        self.d = discount_weights(options.horizon, options.gamma)
+        self.points = horizon_points(options.horizon, options.horizon_step)
+        self.h = self.points.astype(np.float64)
+        self.d = point_weights(self.points, options.gamma)
         self.ageing = Ageing(options.ageing_rule())
 
     def _predict(self, cluster: ClusterSnapshot
@@ -295,20 +169,37 @@ class BRH(PolicyBase[BRHOptions]):
         """Shallow-pool mode is on and the pool fits the free slots (always look ahead)."""
         return self.options.shallow_pool and len(pool) <= int(cluster.free_slots.sum())
 
+    def decode_led(self, cluster: ClusterSnapshot) -> bool:
+        """Whether decoded tokens are at least ``trust_decode_share`` of the running
+        load (always, with the rule off). Where prompts make the load, BR-0's placement
+        of the pool's prompts is what balances it, now and at every later refill, and
+        the look-ahead adds only its projection's error (docs/core.md)."""
+        share = self.options.trust_decode_share
+        if share is None:
+            return True
+        run = cluster.running
+        decoded = float(run.decoded_tokens.sum())
+        total = decoded + float(run.prompt_tokens.sum())
+        return total > 0 and decoded >= share * total
+
     def trusted(self, cluster: ClusterSnapshot, pool: PromptPool, ends: IntArray | None,
                 p_fin: FloatArray | None) -> bool:
         """Whether this tick looks ahead (else it makes BR-0's decision; docs/core.md).
 
         A shallow pool (it fits the free slots) cannot refill what the window frees, so
         the projection (drops and growth) is right there: always. In a deeper pool the
-        look-ahead is used when it projects drops the pool cannot refill
-        (:meth:`refill_coverage` below ``trust_refill_coverage``); with no projected drop
-        every replica just grows, which BR-0 sees as well.
+        look-ahead is used when the load is led by decode (:meth:`decode_led`, with
+        ``trust_decode_share``) and, with ``trust_refill_coverage``, the window projects
+        drops the pool cannot refill (:meth:`refill_coverage` below it; with no
+        projected drop every replica just grows, which BR-0 sees as well).
         """
-        threshold = self.options.trust_refill_coverage
-        if threshold is None:
-            return True
+        c = self.options
         if self.shallow(cluster, pool):
+            return True
+        if not self.decode_led(cluster):
+            return False
+        threshold = c.trust_refill_coverage
+        if threshold is None:
             return True
         if ends is None:
             return False
@@ -327,11 +218,10 @@ class BRH(PolicyBase[BRHOptions]):
         run = cluster.running
         if len(run) == 0:
             # No per-request detail: each replica's load survives and grows by its count.
-            h = np.arange(horizon + 1, dtype=np.float64)
             return Projection(cluster.load_tokens[:, None].astype(np.float64)
-                              + cluster.running_requests[:, None] * h[None, :], ok)
+                              + cluster.running_requests[:, None] * self.h[None, :], ok)
         weight = run.prompt_tokens + run.decoded_tokens
-        loads = projected_loads(run.replica, weight, ends, g, horizon)
+        loads = projected_loads(run.replica, weight, ends, g, self.points)
         if c.refill == "none" or ends is None or pool is None or not len(pool):
             return Projection(loads, ok)
         refills = refill_rollout(run.replica, weight, ends, cluster.alive.tolist(), horizon,
@@ -339,6 +229,10 @@ class BRH(PolicyBase[BRHOptions]):
         if not refills:
             return Projection(loads, ok)
         r_loads, r_prompts, r_counts, first = refill_arrays(refills, g, horizon)
+        if self.points.shape[0] != horizon + 1:  # a sparse ladder: read it at the points
+            pts = self.points
+            r_loads, r_prompts, r_counts = r_loads[:, pts], r_prompts[:, pts], r_counts[:, pts]
+            first = np.searchsorted(pts, first, side="left").tolist()
         loads += r_loads
         if not c.absorb:
             return Projection(loads, ok, refills=len(refills))
@@ -349,9 +243,12 @@ class BRH(PolicyBase[BRHOptions]):
                  tick: int) -> TickResult:
         c = self.options
         threshold = c.trust_refill_coverage
-        if (threshold is not None and threshold <= 1.0
+        deep = not self.shallow(cluster, pool)
+        if deep and not self.decode_led(cluster):
+            # prompts make the load: BR-0's decision, no predictor needed
+            ends, p_fin, ok, trusted = None, None, True, False
+        elif (deep and threshold is not None and threshold <= 1.0
                 and not isinstance(self.predictor, SurvivesWindow)  # nothing to skip
-                and not self.shallow(cluster, pool)
                 and self.pool_refills_any_drop(cluster, pool)):
             # the trust rule's answer is known without the predictor: BR-0's decision
             ends, p_fin, ok, trusted = None, None, True, False
@@ -367,9 +264,10 @@ class BRH(PolicyBase[BRHOptions]):
             beta = float(alive_g) if c.beta is None else c.beta
             if proj.base is not None and proj.first is not None:
                 model = RefillMargins(proj.loads, proj.base, proj.first, cluster.alive,
-                                      self.d, c.alpha, beta)
+                                      self.d, c.alpha, beta, self.h)
             else:
-                model = HorizonMargins(proj.loads, cluster.alive, self.d, c.alpha, beta)
+                model = HorizonMargins(proj.loads, cluster.alive, self.d, c.alpha, beta,
+                                       self.h)
         res = run_two_stage(
             cluster, pool, model,
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,

@@ -1,0 +1,158 @@
+"""BR-H's margin models: projected loads over the window's points, scored with growth.
+
+:class:`HorizonMargins` holds the projected loads ``L_g(h)`` at the projection points
+(every step of the window, or a sparse ladder: :func:`br_serve.core.fscore.horizon_points`)
+and the envelope ``M(h)``; :class:`GrowingScore` scores one replica for ``n`` admitted
+requests counting their own growth; :class:`RefillMargins` is the same over a projection
+with the pool's refills (:mod:`br_serve.core.projection`). Both models implement
+:class:`br_serve.core.tick.MarginModel`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from br_serve.core.fscore import HorizonScore
+from br_serve.core.types import FloatArray
+
+
+class GrowingScore:
+    """BR-H score of one replica counting the admitted requests' own growth.
+
+    Admitting ``n`` requests of total prompt ``D`` adds ``D + n*h`` to the replica's
+    load at step ``h``, so ``F_n(D) = alpha*sum_h d_h (D + n h)
+    - beta*sum_h d_h (D + n h - m(h))_+``: the paper's score with margins ``m - n*h`` and
+    a constant ``alpha*n*sum_h d_h h``. With ``alpha = 1, beta = G`` it is exactly
+    ``-sum_h d_h dI(h)``. Leaving the growth out made BR-H overfill replicas with a free
+    slot (their margins grow with ``h`` only until the new request starts growing too):
+    measured, imbalance rose with ``H`` even with the gate closed (docs/core.md).
+    ``peak`` is the single-request peak (``n = 1``).
+    """
+
+    __slots__ = ("_args", "_bonus1", "_margins", "_one", "_parts", "peak")
+
+    def __init__(self, margins: FloatArray, h: FloatArray, d: FloatArray, alpha: float,
+                 beta: float, uniform: bool, dh: float, fill: float | None = None) -> None:
+        # ``fill`` (with refills): the total fill weight, ``d`` the overflow weights
+        # and ``dh`` the fill weights' ``sum_h u_h h``; see RefillMargins.
+        self._margins = margins
+        self._args = (h, d, alpha, beta, uniform, dh, fill)
+        self._parts: dict[int, tuple[HorizonScore, float]] = {}
+        self._one, self._bonus1 = self._part(1)  # the common case, kept at hand
+        self.peak = self._one.peak
+
+    def _part(self, n: int) -> tuple[HorizonScore, float]:
+        part = self._parts.get(n)
+        if part is None:
+            h, d, alpha, beta, uniform, dh, fill = self._args
+            part = (HorizonScore(self._margins - n * h, d, alpha, beta, uniform, fill),
+                    alpha * n * dh)
+            self._parts[n] = part
+        return part
+
+    def __call__(self, d_tokens: float, n_requests: int = 1) -> float:
+        if n_requests == 1:
+            return self._one(d_tokens) + self._bonus1
+        sc, bonus = self._part(n_requests)
+        return sc(d_tokens) + bonus
+
+
+class HorizonMargins:
+    """Projected loads ``L_g(h)``, envelope ``M(h)`` and margin vectors ``M - L_g`` at
+    the projection points ``h`` (``None``: every step ``0..H``), each weighing ``d_h``.
+
+    Scorers are cached per replica and dropped when an admission changes what they
+    depend on (the replica's own loads, or the envelope).
+    """
+
+    __slots__ = ("_cache", "alive", "alpha", "beta", "d", "dh", "h", "ld", "loads", "top",
+                 "uniform")
+
+    def __init__(self, loads: FloatArray, alive: np.ndarray, d: FloatArray, alpha: float,
+                 beta: float, h: FloatArray | None = None) -> None:
+        self.loads = loads
+        self.alive = alive
+        self.d = d
+        self.alpha = alpha
+        self.beta = beta
+        self.h = np.arange(d.shape[0], dtype=np.float64) if h is None else h
+        self.dh = float(d @ self.h)
+        self.uniform = bool((d == 1.0).all())
+        self.top: FloatArray = (loads[alive].max(axis=0) if alive.any()
+                                else np.zeros(d.shape[0]))
+        self.ld: list[float] = (loads @ d).tolist()
+        self._cache: dict[int, GrowingScore] = {}
+
+    def rank(self, g: int) -> float:
+        return -self.ld[g]  # discounted margin (M - L_g)'d, less the common M'd
+
+    def scorer(self, g: int) -> GrowingScore:
+        sc = self._cache.get(g)
+        if sc is None:
+            sc = GrowingScore(self.top - self.loads[g], self.h, self.d, self.alpha, self.beta,
+                              self.uniform, self.dh)
+            self._cache[g] = sc
+        return sc
+
+    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
+        row = self.loads[g]
+        row += d_tokens + n_requests * self.h  # new requests grow like the others
+        self.ld[g] = float(row.sum() if self.uniform else row @ self.d)
+        if (row > self.top).any():
+            np.maximum(self.top, row, out=self.top)
+            self._cache.clear()
+        else:
+            self._cache.pop(g, None)
+
+
+class RefillMargins(HorizonMargins):
+    """:class:`HorizonMargins` over a projection with refills (core/projection.py).
+
+    ``target`` are the projected loads with every rollout refill, ``base`` the same with
+    each replica's own refills at ``min_prompt`` (the least a refill can bring). Past a
+    replica's first refill (``f_g``: the index of the first point at or past it) an
+    admission displaces its refill: its load there is ``max(target, base + D + n h)``,
+    so the score of ``g`` weighs the fill
+    ``alpha * d_h`` before ``f_g`` only, and the overflow past the margin ``top - base``
+    by ``beta * d_h`` before ``f_g`` and ``(beta - alpha) * d_h`` after (the displaced
+    refill no longer fills: an overflowing admission adds ``(G - 1)`` times its excess
+    to the imbalance, not ``G``). With no refill on ``g`` it is :class:`GrowingScore`.
+    """
+
+    __slots__ = ("base", "first")
+
+    def __init__(self, target: FloatArray, base: FloatArray, first: list[int],
+                 alive: np.ndarray, d: FloatArray, alpha: float, beta: float,
+                 h: FloatArray | None = None) -> None:
+        super().__init__(target, alive, d, alpha, beta, h)
+        self.base = base
+        self.first = first
+
+    def scorer(self, g: int) -> GrowingScore:
+        sc = self._cache.get(g)
+        if sc is None:
+            f = self.first[g]
+            m = self.top - self.base[g]
+            if f >= self.d.shape[0]:
+                sc = GrowingScore(m, self.h, self.d, self.alpha, self.beta, self.uniform,
+                                  self.dh)
+            else:
+                w = self.d.copy()
+                w[f:] *= 1.0 - self.alpha / self.beta
+                fill = self.alpha * float(self.d[:f].sum())
+                dh = float(self.d[:f] @ self.h[:f])
+                sc = GrowingScore(m, self.h, w, self.alpha, self.beta, False, dh, fill)
+            self._cache[g] = sc
+        return sc
+
+    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
+        b = self.base[g]
+        b += d_tokens + n_requests * self.h
+        row = self.loads[g]
+        np.maximum(row, b, out=row)
+        self.ld[g] = float(row @ self.d)
+        if (row > self.top).any():
+            np.maximum(self.top, row, out=self.top)
+            self._cache.clear()
+        else:
+            self._cache.pop(g, None)
