@@ -5,9 +5,12 @@ for a whole block (as ``br-serve bench-tick`` does) lets the load decide the ran
 Here every round runs one tick of every configuration on the same state, in a rotating
 order, so all of them see the same load. States and predictor warm-up are those of
 ``br-serve bench-tick`` (``br_serve/bench/tick.py``; ``--warm-start`` finished requests
-outputs of 1-2,080 tokens, so a survival predictor projects about 4% of the running
-requests, those past ~1,920 decoded tokens, to finish in the window: 10 per tick at
-G=16, which exercises the projection).
+outputs of 1-2,080 tokens, so a survival predictor projects the running requests past
+~1,920 decoded tokens to finish in an 80-step window, about 10 per tick at G=16, and
+most of them in an 800-step one, which exercises the projection). The default states'
+prompts (median 1,808) make most of the load, so BR-H's default decode rule makes
+BR-0's decision there; ``--prompt-median 60`` gives decode-made states, where it looks
+ahead.
 
 Usage::
 
@@ -32,12 +35,17 @@ from br_serve.core import PolicyContext, build_policy
 CONFIGS: list[tuple[str, str, str | None, dict[str, Any]]] = [
     ("jsq", "jsq", None, {}),
     ("br0", "br0", None, {}),
-    ("brh H=80 closed gate", "brh", None, {"horizon": 80}),
-    ("brh H=80 survival (default: trust rule)", "brh", "survival", {"horizon": 80}),
-    ("brh H=80 survival, always look ahead", "brh", "survival",
-     {"horizon": 80, "trust_refill_coverage": None}),
-    ("brh H=80 survival, rollout, always", "brh", "survival",
-     {"horizon": 80, "trust_refill_coverage": None, "refill": "rollout"}),
+    ("brh closed gate (default window)", "brh", None, {}),
+    ("brh survival (defaults: H=800 ladder, decode rule)", "brh", "survival", {}),
+    ("brh H=800 ladder survival, always look ahead", "brh", "survival",
+     {"trust_decode_share": None}),
+    ("brh H=80 ladder survival, always look ahead", "brh", "survival",
+     {"horizon": 80, "horizon_step": 10, "trust_decode_share": None}),
+    ("brh H=80 every step survival, always look ahead", "brh", "survival",
+     {"horizon": 80, "horizon_step": None, "trust_decode_share": None}),
+    ("brh H=80 every step survival, coverage rule (the old default)", "brh", "survival",
+     {"horizon": 80, "horizon_step": None, "trust_decode_share": None,
+      "trust_refill_coverage": 0.5}),
 ]
 
 
