@@ -82,7 +82,8 @@ def test_brh_sees_a_finishing_request() -> None:
     running = RunningRequests.build([0, 1], [1000, 1000], [0, 0],
                                     true_remaining_steps=[2, 10_000])
     cluster = ClusterSnapshot.build([1000, 1000], [1, 1], 2, running=running)
-    brh = build_policy("brh", {"horizon": 20}, PolicyContext(predictor=OracleHook()))
+    brh = build_policy("brh", {"horizon": 20, "trust_decode_share": None},
+                       PolicyContext(predictor=OracleHook()))
     res = brh.schedule(cluster, pool_of([900]), 0.0, 0)
     assert res.assignments[0].replica == 0
     assert res.predictor_ok
@@ -101,7 +102,7 @@ def test_brh_gate_and_failure_fall_back_to_closed_gate() -> None:
         def observe(self, finished: object) -> None:
             return None
 
-    pol = build_policy("brh", {"horizon": 10},
+    pol = build_policy("brh", {"horizon": 10, "trust_decode_share": None},
                        PolicyContext(predictor=Raises()))  # type: ignore[arg-type]
     res = pol.schedule(cluster, pool_of([100]), 0.0, 0)
     assert not res.predictor_ok and len(res.assignments) == 1
@@ -118,7 +119,8 @@ def test_brh_gate_and_failure_fall_back_to_closed_gate() -> None:
 
     def run(elapsed_s: float) -> bool:
         ticks = iter([0.0, elapsed_s])
-        pol = build_policy("brh", {"horizon": 10, "predictor_timeout_s": 0.5},
+        pol = build_policy("brh", {"horizon": 10, "predictor_timeout_s": 0.5,
+                                   "trust_decode_share": None},
                            PolicyContext(predictor=FinishesNow(), clock=lambda: next(ticks)))
         return pol.schedule(cluster, pool_of([100]), 0.0, 0).predictor_ok
 

@@ -50,8 +50,8 @@ class BRHOptions(BR0Options):
         "decision unless the window projects drops of which the pool can refill less "
         "than this share (refill_coverage; None: always look ahead)")
     trust_decode_share: float | None = option(
-        0.5, ge=0, le=1, doc="per tick in a pool deeper than the free slots, use BR-0's "
-        "decision unless decoded tokens are at least this share of the running load "
+        0.5, ge=0, le=1, doc="per tick, at any pool depth, use BR-0's decision unless "
+        "decoded tokens are at least this share of the running load "
         "(the load is made by decode growth and ends, which the look-ahead projects, "
         "rather than by prompts, which BR-0's placement decides; None: no such rule)")
     max_refills: int | None = option(None, ge=0, doc="with refill: at most this many "
@@ -186,18 +186,19 @@ class BRH(PolicyBase[BRHOptions]):
                 p_fin: FloatArray | None) -> bool:
         """Whether this tick looks ahead (else it makes BR-0's decision; docs/core.md).
 
-        A shallow pool (it fits the free slots) cannot refill what the window frees, so
-        the projection (drops and growth) is right there: always. In a deeper pool the
-        look-ahead is used when the load is led by decode (:meth:`decode_led`, with
-        ``trust_decode_share``) and, with ``trust_refill_coverage``, the window projects
-        drops the pool cannot refill (:meth:`refill_coverage` below it; with no
-        projected drop every replica just grows, which BR-0 sees as well).
+        Only where decode leads the load (:meth:`decode_led`, with
+        ``trust_decode_share``), at every pool depth. Then, a shallow pool (it fits the
+        free slots) cannot refill what the window frees, so the projection (drops and
+        growth) is right there: always; in a deeper pool, with
+        ``trust_refill_coverage``, only when the window projects drops the pool cannot
+        refill (:meth:`refill_coverage` below it; with no projected drop every replica
+        just grows, which BR-0 sees as well).
         """
         c = self.options
-        if self.shallow(cluster, pool):
-            return True
         if not self.decode_led(cluster):
             return False
+        if self.shallow(cluster, pool):
+            return True
         threshold = c.trust_refill_coverage
         if threshold is None:
             return True
@@ -244,7 +245,7 @@ class BRH(PolicyBase[BRHOptions]):
         c = self.options
         threshold = c.trust_refill_coverage
         deep = not self.shallow(cluster, pool)
-        if deep and not self.decode_led(cluster):
+        if not self.decode_led(cluster):
             # prompts make the load: BR-0's decision, no predictor needed
             ends, p_fin, ok, trusted = None, None, True, False
         elif (deep and threshold is not None and threshold <= 1.0
