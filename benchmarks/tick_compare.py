@@ -80,6 +80,7 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_state_args(p, ticks=2000)
     a = p.parse_args()
+    from br_serve.core.policy import parse_policy_options, predictor_horizon
     from predictors import make_predictor, warm_start
 
     rng = np.random.default_rng(a.seed)
@@ -89,7 +90,8 @@ def main() -> int:
     for label, name, pred_name, opts in CONFIGS:
         pred = None
         if pred_name is not None:
-            pred = make_predictor(pred_name, horizon=int(opts.get("horizon", 80)))
+            horizon = predictor_horizon(name, parse_policy_options(name, opts))
+            pred = make_predictor(pred_name, horizon=int(horizon or 0))
             wr = np.random.default_rng(a.seed + 1)
             warm_start(pred, wr.lognormal(7.5, 1.2, a.warm_start).astype(np.int64),
                        wr.integers(1, 2080, a.warm_start))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from functools import lru_cache
+from itertools import accumulate
+from operator import mul
 
 import numpy as np
 import numpy.typing as npt
@@ -52,27 +54,43 @@ class HorizonScore:
 
     __slots__ = ("_a", "_beta", "_cw", "_cwm", "_m", "peak")
 
-    def __init__(self, margins: FloatArray, d: FloatArray, alpha: float, beta: float,
-                 uniform: bool = False, fill: float | None = None) -> None:
-        # ``uniform`` (gamma == 1, every d_h == 1): np.sort instead of argsort and the
-        # weight prefix sums are just 0, 1, 2, ...; the tick builds one of these per
-        # decision, so the constant factor matters.
-        if uniform:
-            m = np.sort(margins)
-            self._cw: list[float] = _count_prefix(m.shape[0])
-            self._cwm: list[float] = [0.0, *np.cumsum(m).tolist()]
+    def __init__(self, margins: FloatArray | list[float], d: FloatArray | list[float],
+                 alpha: float, beta: float, uniform: bool = False,
+                 fill: float | None = None) -> None:
+        # ``uniform`` (gamma == 1, every d_h == 1): a plain sort, and the weight prefix
+        # sums are just 0, 1, 2, ...; the tick builds one of these per decision, so the
+        # constant factor matters. Python lists (BR-H's margin models pass them: a
+        # window of a few points) skip numpy's per-call cost; arrays take numpy's path.
+        if isinstance(margins, list):
+            if uniform:
+                m_l = sorted(margins)
+                self._cw: list[float] = _count_prefix(len(m_l))
+                self._cwm: list[float] = [0.0, *accumulate(m_l)]
+            else:
+                order = sorted(range(len(margins)), key=margins.__getitem__)
+                m_l = [margins[i] for i in order]
+                w_l = [d[i] for i in order]
+                self._cw = [0.0, *accumulate(w_l)]
+                self._cwm = [0.0, *accumulate(map(mul, w_l, m_l))]
+            self._m: list[float] = m_l
+            total = float(len(m_l)) if uniform else self._cw[-1]
         else:
-            order = np.argsort(margins, kind="stable")
-            m = margins[order]
-            w = d[order]
-            # prefix sums with a leading zero: _cw[j] = weight of the j smallest margins
-            self._cw = [0.0, *np.cumsum(w).tolist()]
-            self._cwm = [0.0, *np.cumsum(w * m).tolist()]
-        self._m: list[float] = m.tolist()
+            if uniform:
+                m = np.sort(margins)
+                self._cw = _count_prefix(m.shape[0])
+                self._cwm = [0.0, *np.cumsum(m).tolist()]
+            else:
+                order_a = np.argsort(margins, kind="stable")
+                m = margins[order_a]
+                w = np.asarray(d)[order_a]
+                # prefix sums with a leading zero: _cw[j] = weight of the j smallest
+                self._cw = [0.0, *np.cumsum(w).tolist()]
+                self._cwm = [0.0, *np.cumsum(w * m).tolist()]
+            self._m = m.tolist()
+            total = float(m.shape[0]) if uniform else float(np.sum(d))
         # ``fill`` overrides the fill weight ``alpha * (1'd)`` (BR-H with refills weighs
         # fill and overflow per step differently: ``d`` then carries the overflow weights)
-        self._a = (fill if fill is not None
-                   else alpha * (float(m.shape[0]) if uniform else float(d.sum())))
+        self._a = fill if fill is not None else alpha * total
         self._beta = beta
         # Concave, piecewise linear: slope just past the j-th smallest margin is
         # a - beta*cw[j+1]; the maximiser is the first breakpoint where it turns <= 0.

@@ -10,10 +10,16 @@ with the pool's refills (:mod:`br_serve.core.projection`). Both models implement
 
 from __future__ import annotations
 
+from operator import mul
+from typing import TypeAlias
+
 import numpy as np
 
 from br_serve.core.fscore import HorizonScore
 from br_serve.core.types import FloatArray
+
+#: a vector over the window's points: a Python list (the tick's form) or an array
+Vector: TypeAlias = "list[float] | FloatArray"
 
 
 class GrowingScore:
@@ -26,17 +32,19 @@ class GrowingScore:
     ``-sum_h d_h dI(h)``. Leaving the growth out made BR-H overfill replicas with a free
     slot (their margins grow with ``h`` only until the new request starts growing too):
     measured, imbalance rose with ``H`` even with the gate closed (docs/core.md).
-    ``peak`` is the single-request peak (``n = 1``).
+    ``peak`` is the single-request peak (``n = 1``). The vectors are plain Python lists
+    (arrays are converted): a window of a few points costs less without numpy's
+    per-call overhead, and the tick builds one of these per decision.
     """
 
     __slots__ = ("_args", "_bonus1", "_margins", "_one", "_parts", "peak")
 
-    def __init__(self, margins: FloatArray, h: FloatArray, d: FloatArray, alpha: float,
+    def __init__(self, margins: Vector, h: Vector, d: Vector, alpha: float,
                  beta: float, uniform: bool, dh: float, fill: float | None = None) -> None:
         # ``fill`` (with refills): the total fill weight, ``d`` the overflow weights
         # and ``dh`` the fill weights' ``sum_h u_h h``; see RefillMargins.
-        self._margins = margins
-        self._args = (h, d, alpha, beta, uniform, dh, fill)
+        self._margins = _as_list(margins)
+        self._args = (_as_list(h), _as_list(d), alpha, beta, uniform, dh, fill)
         self._parts: dict[int, tuple[HorizonScore, float]] = {}
         self._one, self._bonus1 = self._part(1)  # the common case, kept at hand
         self.peak = self._one.peak
@@ -45,8 +53,8 @@ class GrowingScore:
         part = self._parts.get(n)
         if part is None:
             h, d, alpha, beta, uniform, dh, fill = self._args
-            part = (HorizonScore(self._margins - n * h, d, alpha, beta, uniform, fill),
-                    alpha * n * dh)
+            shifted = [m - n * x for m, x in zip(self._margins, h, strict=True)]
+            part = (HorizonScore(shifted, d, alpha, beta, uniform, fill), alpha * n * dh)
             self._parts[n] = part
         return part
 
@@ -61,48 +69,63 @@ class HorizonMargins:
     """Projected loads ``L_g(h)``, envelope ``M(h)`` and margin vectors ``M - L_g`` at
     the projection points ``h`` (``None``: every step ``0..H``), each weighing ``d_h``.
 
-    Scorers are cached per replica and dropped when an admission changes what they
-    depend on (the replica's own loads, or the envelope).
+    The tick works on Python lists (``loads`` arrive as a ``(G, points)`` array and are
+    copied once): per decision it touches one replica's few points, where numpy's
+    per-call overhead would be most of the cost. Scorers are cached per replica and
+    dropped when an admission changes what they depend on (the replica's own loads, or
+    the envelope).
     """
 
-    __slots__ = ("_cache", "alive", "alpha", "beta", "d", "dh", "h", "ld", "loads", "top",
-                 "uniform")
+    __slots__ = ("_cache", "alpha", "beta", "d", "dh", "h", "ld", "loads", "top", "uniform")
 
     def __init__(self, loads: FloatArray, alive: np.ndarray, d: FloatArray, alpha: float,
                  beta: float, h: FloatArray | None = None) -> None:
-        self.loads = loads
-        self.alive = alive
-        self.d = d
+        width = loads.shape[1]
+        self.loads: list[list[float]] = loads.tolist()
+        self.d: list[float] = d.tolist()
         self.alpha = alpha
         self.beta = beta
-        self.h = np.arange(d.shape[0], dtype=np.float64) if h is None else h
-        self.dh = float(d @ self.h)
-        self.uniform = bool((d == 1.0).all())
-        self.top: FloatArray = (loads[alive].max(axis=0) if alive.any()
-                                else np.zeros(d.shape[0]))
+        self.h: list[float] = (list(map(float, range(width))) if h is None
+                               else h.tolist())
+        self.dh = sum(map(mul, self.d, self.h))
+        self.uniform = all(x == 1.0 for x in self.d)
+        self.top: list[float] = (loads[alive].max(axis=0).tolist() if alive.any()
+                                 else [0.0] * width)
         self.ld: list[float] = (loads @ d).tolist()
         self._cache: dict[int, GrowingScore] = {}
 
     def rank(self, g: int) -> float:
         return -self.ld[g]  # discounted margin (M - L_g)'d, less the common M'd
 
+    def margins(self, g: int, rows: list[list[float]] | None = None) -> list[float]:
+        """``top - L_g`` (or ``top`` less ``g``'s row of ``rows``)."""
+        row = (self.loads if rows is None else rows)[g]
+        return [t - x for t, x in zip(self.top, row, strict=True)]
+
     def scorer(self, g: int) -> GrowingScore:
         sc = self._cache.get(g)
         if sc is None:
-            sc = GrowingScore(self.top - self.loads[g], self.h, self.d, self.alpha, self.beta,
+            sc = GrowingScore(self.margins(g), self.h, self.d, self.alpha, self.beta,
                               self.uniform, self.dh)
             self._cache[g] = sc
         return sc
 
-    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
-        row = self.loads[g]
-        row += d_tokens + n_requests * self.h  # new requests grow like the others
-        self.ld[g] = float(row.sum() if self.uniform else row @ self.d)
-        if (row > self.top).any():
-            np.maximum(self.top, row, out=self.top)
+    def _raise_top(self, g: int, row: list[float]) -> None:
+        """Record ``g``'s new row: its discounted load, and the envelope if it rose."""
+        self.ld[g] = sum(row) if self.uniform else sum(map(mul, row, self.d))
+        top = self.top
+        if any(x > t for x, t in zip(row, top, strict=True)):
+            self.top = list(map(max, top, row))
             self._cache.clear()
         else:
             self._cache.pop(g, None)
+
+    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
+        # new requests grow like the others
+        row = [x + d_tokens + n_requests * t for x, t in zip(self.loads[g], self.h,
+                                                               strict=True)]
+        self.loads[g] = row
+        self._raise_top(g, row)
 
 
 class RefillMargins(HorizonMargins):
@@ -125,34 +148,34 @@ class RefillMargins(HorizonMargins):
                  alive: np.ndarray, d: FloatArray, alpha: float, beta: float,
                  h: FloatArray | None = None) -> None:
         super().__init__(target, alive, d, alpha, beta, h)
-        self.base = base
+        self.base: list[list[float]] = base.tolist()
         self.first = first
 
     def scorer(self, g: int) -> GrowingScore:
         sc = self._cache.get(g)
         if sc is None:
             f = self.first[g]
-            m = self.top - self.base[g]
-            if f >= self.d.shape[0]:
-                sc = GrowingScore(m, self.h, self.d, self.alpha, self.beta, self.uniform,
-                                  self.dh)
+            m = self.margins(g, self.base)
+            d, h = self.d, self.h
+            if f >= len(d):
+                sc = GrowingScore(m, h, d, self.alpha, self.beta, self.uniform, self.dh)
             else:
-                w = self.d.copy()
-                w[f:] *= 1.0 - self.alpha / self.beta
-                fill = self.alpha * float(self.d[:f].sum())
-                dh = float(self.d[:f] @ self.h[:f])
-                sc = GrowingScore(m, self.h, w, self.alpha, self.beta, False, dh, fill)
+                keep = 1.0 - self.alpha / self.beta
+                w = d[:f] + [x * keep for x in d[f:]]
+                fill = self.alpha * sum(d[:f])
+                dh = sum(map(mul, d[:f], h[:f]))
+                sc = GrowingScore(m, h, w, self.alpha, self.beta, False, dh, fill)
             self._cache[g] = sc
         return sc
 
     def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
-        b = self.base[g]
-        b += d_tokens + n_requests * self.h
-        row = self.loads[g]
-        np.maximum(row, b, out=row)
-        self.ld[g] = float(row @ self.d)
-        if (row > self.top).any():
-            np.maximum(self.top, row, out=self.top)
-            self._cache.clear()
-        else:
-            self._cache.pop(g, None)
+        b = [x + d_tokens + n_requests * t for x, t in zip(self.base[g], self.h,
+                                                             strict=True)]
+        self.base[g] = b
+        row = list(map(max, self.loads[g], b))
+        self.loads[g] = row
+        self._raise_top(g, row)
+
+
+def _as_list(v: Vector) -> list[float]:
+    return v if isinstance(v, list) else np.asarray(v, dtype=np.float64).tolist()

@@ -194,12 +194,15 @@ class BRH(PolicyBase[BRHOptions]):
         refill (:meth:`refill_coverage` below it; with no projected drop every replica
         just grows, which BR-0 sees as well).
         """
-        c = self.options
-        if not self.decode_led(cluster):
-            return False
-        if self.shallow(cluster, pool):
+        return self.decode_led(cluster) and self._covered(
+            self.shallow(cluster, pool), cluster, pool, ends, p_fin)
+
+    def _covered(self, shallow: bool, cluster: ClusterSnapshot, pool: PromptPool,
+                 ends: IntArray | None, p_fin: FloatArray | None) -> bool:
+        """:meth:`trusted` once decode is known to lead: the pool-depth part."""
+        if shallow:
             return True
-        threshold = c.trust_refill_coverage
+        threshold = self.options.trust_refill_coverage
         if threshold is None:
             return True
         if ends is None:
@@ -244,18 +247,18 @@ class BRH(PolicyBase[BRHOptions]):
                  tick: int) -> TickResult:
         c = self.options
         threshold = c.trust_refill_coverage
-        deep = not self.shallow(cluster, pool)
+        shallow = self.shallow(cluster, pool)
         if not self.decode_led(cluster):
             # prompts make the load: BR-0's decision, no predictor needed
             ends, p_fin, ok, trusted = None, None, True, False
-        elif (deep and threshold is not None and threshold <= 1.0
+        elif (not shallow and threshold is not None and threshold <= 1.0
                 and not isinstance(self.predictor, SurvivesWindow)  # nothing to skip
                 and self.pool_refills_any_drop(cluster, pool)):
             # the trust rule's answer is known without the predictor: BR-0's decision
             ends, p_fin, ok, trusted = None, None, True, False
         else:
             ends, p_fin, ok = self._predict(cluster)
-            trusted = self.trusted(cluster, pool, ends, p_fin)
+            trusted = self._covered(shallow, cluster, pool, ends, p_fin)
         model: MarginModel
         if not trusted:  # the pool refills what the window drops: BR-0's decision
             model = ScalarMargins(cluster)
