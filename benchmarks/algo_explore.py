@@ -18,9 +18,10 @@ Usage::
         --mode saturated --windows 8 --requests 1500 --seed 100 --jobs 1 \\
         --spec jsq --spec br0 --spec 'brh+oracle' --spec 'h10@brh+oracle:horizon=10'
 
-A spec is ``[label@]policy[+predictor][:key=value,...]``. Prints mean +- s.e. of the
-paired gain against ``--baseline`` (default jsq) and against ``--versus`` (default br0),
-and writes every run to ``--json`` when given.
+A spec is ``[label@]policy[+predictor][:key=value,...]``; a key ``pred.NAME`` is a
+predictor option (``a;b;c``: a tuple of ints, e.g. ``pred.prompt_buckets=40;300``).
+Prints mean +- s.e. of the paired gain against ``--baseline`` (default jsq) and against
+``--versus`` (default br0), and writes every run to ``--json`` when given.
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ def parse_spec(text: str) -> dict[str, Any]:
     head, _, opts = rest.partition(":")
     policy, _, pred = head.partition("+")
     options: dict[str, Any] = {}
+    pred_options: dict[str, Any] = {}
     for kv in filter(None, opts.split(",")):
         k, _, v = kv.partition("=")
-        options[k.strip()] = v.strip()
+        k, v = k.strip(), v.strip()
+        if k.startswith("pred."):  # a predictor option; "a;b;c" is a tuple of ints
+            pred_options[k[5:]] = tuple(int(x) for x in v.split(";")) if ";" in v else v
+        else:
+            options[k] = v
     return {"label": label or text, "policy": policy, "predictor": pred or None,
-            "options": options}
+            "options": options, "predictor_options": pred_options}
 
 
 def windows(n: int, k: int, width: int, seed: int) -> list[int]:
@@ -141,7 +147,8 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
         tr = tr.scaled(task["scale"])
     cfg = SimConfig(policy=sp["policy"], predictor=sp["predictor"], replicas=g, slots=b,
                     saturated=mode != "trace", seed=task["seed"],
-                    policy_options=sp["options"], **extra)
+                    policy_options=sp["options"],
+                    predictor_options=sp.get("predictor_options", {}), **extra)
     pred = None
     if sp["predictor"] and task.get("warm") is not None:
         from br_serve.sim.predict import build_predictor
