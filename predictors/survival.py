@@ -12,9 +12,10 @@ sample) the answer is the closed gate: ``p_fin = 0`` ("survives the window").
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from br_serve.core.predictor import FinishedRequests, Prediction
 from br_serve.core.types import IntArray, RunningRequests
@@ -26,7 +27,12 @@ class SurvivalConfig(BaseModel):
 
     ``prompt_buckets``: ascending prompt-length edges; bucket ``k`` holds prompts in
     ``[edge[k-1], edge[k])``. A bucket with fewer than ``min_bucket_samples`` samples
-    answers from the global distribution.
+    answers from the global distribution. ``auto_buckets`` (with no ``prompt_buckets``):
+    every ``auto_bucket_after`` finished requests, the edges are refitted at the
+    quantiles of the prompt lengths of the last ``max_samples`` finished requests that
+    cut them into that many equal-count buckets (tied quantiles merge), and those
+    requests are filed into the new buckets (the first fit's requests are the shortest
+    to finish, so it is refitted as the history fills); 0 or 1: one distribution.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -36,6 +42,8 @@ class SurvivalConfig(BaseModel):
     min_samples: int = Field(default=16, ge=1)
     prompt_buckets: tuple[int, ...] = ()
     min_bucket_samples: int = Field(default=64, ge=1)
+    auto_buckets: int = Field(default=0, ge=0, le=64)
+    auto_bucket_after: int = Field(default=512, ge=1)
 
     @field_validator("memory")
     @classmethod
@@ -51,6 +59,20 @@ class SurvivalConfig(BaseModel):
             raise ValueError("must be positive and strictly ascending")
         return v
 
+    @model_validator(mode="after")
+    def _one_kind_of_bucket(self) -> SurvivalConfig:
+        if self.auto_buckets > 1 and self.prompt_buckets:
+            raise ValueError("auto_buckets: set it or prompt_buckets, not both")
+        return self
+
+
+def quantile_edges(prompts: IntArray, buckets: int) -> tuple[int, ...]:
+    """Edges cutting ``prompts`` into ``buckets`` equal-count buckets (positive, strictly
+    ascending: tied quantiles merge, so there may be fewer)."""
+    qs = np.quantile(np.asarray(prompts, dtype=np.float64),
+                     np.arange(1, buckets) / buckets, method="higher")
+    return tuple(sorted({int(q) for q in qs if q > 0}))
+
 
 class SurvivalPredictor:
     """Online empirical survival model; see the module docstring for the contract.
@@ -65,10 +87,43 @@ class SurvivalPredictor:
         self.config = config or SurvivalConfig()
         c = self.config
         rng = rng if rng is not None else np.random.default_rng(0)
+        self._rng = rng
         self._edges = np.asarray(c.prompt_buckets, dtype=np.int64)
         self._store = SegmentedSamples()
         self._mem = [SampleMemory(c.memory, c.max_samples, rng)
                      for _ in range(len(c.prompt_buckets) + 2)]
+        # with auto_buckets: the last max_samples (prompt, output) pairs, and how many
+        # requests finished since the edges were last fitted
+        self._recent: deque[tuple[int, int]] | None = (
+            deque(maxlen=c.max_samples) if c.auto_buckets > 1 else None)
+        self._since_fit = 0
+
+    @property
+    def edges(self) -> tuple[int, ...]:
+        """The prompt-bucket edges in use (empty: one distribution for all prompts)."""
+        return tuple(self._edges.tolist())
+
+    def _refit(self) -> None:
+        """Refit the auto-bucket edges and refile the recent requests by them."""
+        assert self._recent is not None
+        c = self.config
+        pairs = list(self._recent)
+        edges = quantile_edges(np.array([p for p, _ in pairs]), c.auto_buckets)
+        if edges == self.edges:
+            return
+        self._edges = np.asarray(edges, dtype=np.int64)
+        glob = self._mem[0]
+        self._store = SegmentedSamples()
+        for v in glob.values():
+            self._store.add(0, v)
+        self._mem = [glob] + [SampleMemory(c.memory, c.max_samples, self._rng)
+                              for _ in range(len(edges) + 1)]
+        if not edges:
+            return
+        segs = (np.searchsorted(self._edges, [p for p, _ in pairs], side="right")
+                + 1).tolist()
+        for (_, o), seg in zip(pairs, segs, strict=True):
+            self._offer(seg, o)
 
     @property
     def num_samples(self) -> int:
@@ -83,15 +138,26 @@ class SurvivalPredictor:
 
     def observe(self, finished: FinishedRequests) -> None:
         out = np.asarray(finished.output_tokens, dtype=np.int64).tolist()
+        if self._recent is not None:
+            prompts = np.asarray(finished.prompt_tokens, dtype=np.int64).tolist()
+            self._recent.extend(zip(prompts, out, strict=True))
+            self._since_fit += len(out)
         if not self._edges.size:
             for o in out:
                 self._offer(0, o)
+            self._maybe_refit()
             return
         segs = (np.searchsorted(self._edges, np.asarray(finished.prompt_tokens),
                                 side="right") + 1).tolist()
         for o, s in zip(out, segs, strict=True):
             self._offer(0, o)
             self._offer(s, o)
+        self._maybe_refit()
+
+    def _maybe_refit(self) -> None:
+        if self._recent is not None and self._since_fit >= self.config.auto_bucket_after:
+            self._since_fit = 0
+            self._refit()
 
     def segments(self, prompt_tokens: IntArray) -> IntArray:
         """Segment each request is answered from (0: global)."""

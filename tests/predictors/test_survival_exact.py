@@ -187,3 +187,52 @@ def test_window_memory_reports_evictions() -> None:
     assert mem.offer(2) == (True, None)
     assert mem.offer(3) == (True, 1)
     assert mem.values() == [2, 3]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), buckets=st.integers(2, 8), after=st.integers(8, 120),
+       batch=st.integers(1, 50))
+def test_auto_buckets_are_refitted_and_answer_as_explicit_edges(
+        seed: int, buckets: int, after: int, batch: int) -> None:
+    """Auto buckets: every ``auto_bucket_after`` finished requests the edges are refitted
+    at the equal-count quantiles of the recent requests' prompts, and the predictor then
+    answers exactly as one configured with those edges from the start, fed the same
+    history (the memory holds it all here)."""
+    from predictors.survival import quantile_edges
+
+    rng = np.random.default_rng(seed)
+    n = after + 4 * batch
+    prompts = rng.lognormal(4.0, 1.5, n).astype(np.int64) + 1
+    outputs = rng.integers(1, 3000, n)
+    auto = make_predictor("survival", auto_buckets=buckets, auto_bucket_after=after,
+                          min_samples=1, min_bucket_samples=4)
+    fed, since, edges = 0, 0, ()
+    while fed < n:  # in batches, as finishes arrive
+        k = min(batch, n - fed)
+        warm_start(auto, prompts[fed:fed + k], outputs[fed:fed + k])
+        fed += k
+        since += k
+        if since >= after:  # a refit, on everything seen so far (< max_samples)
+            since = 0
+            edges = quantile_edges(prompts[:fed], buckets)
+    assert auto.edges == edges  # type: ignore[attr-defined]
+    assert len(edges) <= buckets - 1 and all(e > 0 for e in edges)
+    fixed = (make_predictor("survival", prompt_buckets=edges, min_samples=1,
+                            min_bucket_samples=4) if edges
+             else make_predictor("survival", min_samples=1))
+    warm_start(fixed, prompts, outputs)
+    k = min(20, n)
+    probe = running(prompts[:k].tolist(), rng.integers(0, 2000, k).tolist())
+    a, b = auto.predict(probe, 400), fixed.predict(probe, 400)
+    np.testing.assert_array_equal(a.p_fin, b.p_fin)
+    np.testing.assert_array_equal(a.mu_rem, b.mu_rem)
+
+
+def test_auto_buckets_wait_for_history_and_refuse_explicit_edges() -> None:
+    p = make_predictor("survival", auto_buckets=4, auto_bucket_after=10, min_samples=1)
+    warm_start(p, [5, 50, 500, 5000] * 2, [10, 20, 30, 40] * 2)
+    assert p.edges == ()  # type: ignore[attr-defined]  # 8 of 10 seen: no buckets yet
+    warm_start(p, [5, 5000], [10, 40])
+    assert p.edges == (50, 500, 5000)  # type: ignore[attr-defined]  # 3 / 2 / 2 / 3
+    with pytest.raises(ValueError, match="auto_buckets"):
+        make_predictor("survival", auto_buckets=4, prompt_buckets=(10,))
