@@ -85,10 +85,10 @@ def test_horizon_peak_maximises_score(margins: list[int], alpha: float, beta: fl
         assert sc(sc.peak) >= best - 1e-6 * max(1.0, abs(best))
 
 
-@given(data=st.data())
-def test_projected_loads_match_brute_force(data: st.DataObject) -> None:
-    g = data.draw(st.integers(1, 5))
-    h = data.draw(st.integers(0, 12))
+def _running(data: st.DataObject, g: int, h: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Up to 20 requests on ``g`` replicas: replica, weight and end step (some past
+    ``h``, the window's last step)."""
     n = data.draw(st.integers(0, 20))
     rep = np.array(data.draw(st.lists(st.integers(0, g - 1), min_size=n, max_size=n)),
                    dtype=np.int64)
@@ -96,9 +96,17 @@ def test_projected_loads_match_brute_force(data: st.DataObject) -> None:
                  dtype=np.int64)
     end = np.array(data.draw(st.lists(st.integers(0, h + 5), min_size=n, max_size=n)),
                    dtype=np.int64)
+    return rep, w, end
+
+
+@given(data=st.data())
+def test_projected_loads_match_brute_force(data: st.DataObject) -> None:
+    g = data.draw(st.integers(1, 5))
+    h = data.draw(st.integers(0, 12))
+    rep, w, end = _running(data, g, h)
     got = projected_loads(rep, w, end, g, h)
     want = np.zeros((g, h + 1))
-    for i in range(n):
+    for i in range(len(rep)):
         for step in range(h + 1):
             if step < end[i]:
                 want[rep[i], step] += w[i] + step
@@ -153,13 +161,7 @@ def test_projected_loads_at_points_are_the_dense_ones_read_there(data: st.DataOb
     g = data.draw(st.integers(1, 5))
     h = data.draw(st.integers(0, 200))
     pts = horizon_points(h, data.draw(st.one_of(st.none(), st.integers(1, 30))))
-    n = data.draw(st.integers(0, 20))
-    rep = np.array(data.draw(st.lists(st.integers(0, g - 1), min_size=n, max_size=n)),
-                   dtype=np.int64)
-    w = np.array(data.draw(st.lists(st.integers(0, 5000), min_size=n, max_size=n)),
-                 dtype=np.int64)
-    end = np.array(data.draw(st.lists(st.integers(0, h + 5), min_size=n, max_size=n)),
-                   dtype=np.int64)
+    rep, w, end = _running(data, g, h)
     dense = projected_loads(rep, w, end, g, h)
     assert np.array_equal(projected_loads(rep, w, end, g, pts), dense[:, pts])
     assert np.array_equal(projected_loads(rep, w, None, g, pts),
