@@ -59,35 +59,23 @@ class HorizonScore:
                  fill: float | None = None) -> None:
         # ``uniform`` (gamma == 1, every d_h == 1): a plain sort, and the weight prefix
         # sums are just 0, 1, 2, ...; the tick builds one of these per decision, so the
-        # constant factor matters. Python lists (BR-H's margin models pass them: a
-        # window of a few points) skip numpy's per-call cost; arrays take numpy's path.
-        if isinstance(margins, list):
-            if uniform:
-                m_l = sorted(margins)
-                self._cw: list[float] = _count_prefix(len(m_l))
-                self._cwm: list[float] = [0.0, *accumulate(m_l)]
-            else:
-                order = sorted(range(len(margins)), key=margins.__getitem__)
-                m_l = [margins[i] for i in order]
-                w_l = [d[i] for i in order]
-                self._cw = [0.0, *accumulate(w_l)]
-                self._cwm = [0.0, *accumulate(map(mul, w_l, m_l))]
-            self._m: list[float] = m_l
-            total = float(len(m_l)) if uniform else self._cw[-1]
+        # constant factor matters: plain Python on lists (BR-H's margin models pass
+        # lists; a window of a few points costs less without numpy's per-call overhead).
+        m_in = margins if isinstance(margins, list) else np.asarray(margins).tolist()
+        if uniform:
+            m_l = sorted(m_in)
+            self._cw: list[float] = _count_prefix(len(m_l))
+            self._cwm: list[float] = [0.0, *accumulate(m_l)]
         else:
-            if uniform:
-                m = np.sort(margins)
-                self._cw = _count_prefix(m.shape[0])
-                self._cwm = [0.0, *np.cumsum(m).tolist()]
-            else:
-                order_a = np.argsort(margins, kind="stable")
-                m = margins[order_a]
-                w = np.asarray(d)[order_a]
-                # prefix sums with a leading zero: _cw[j] = weight of the j smallest
-                self._cw = [0.0, *np.cumsum(w).tolist()]
-                self._cwm = [0.0, *np.cumsum(w * m).tolist()]
-            self._m = m.tolist()
-            total = float(m.shape[0]) if uniform else float(np.sum(d))
+            d_in = d if isinstance(d, list) else np.asarray(d).tolist()
+            order = sorted(range(len(m_in)), key=m_in.__getitem__)
+            m_l = [m_in[i] for i in order]
+            w_l = [d_in[i] for i in order]
+            # prefix sums with a leading zero: _cw[j] = weight of the j smallest margins
+            self._cw = [0.0, *accumulate(w_l)]
+            self._cwm = [0.0, *accumulate(map(mul, w_l, m_l))]
+        self._m: list[float] = m_l
+        total = float(len(m_l)) if uniform else self._cw[-1]
         # ``fill`` overrides the fill weight ``alpha * (1'd)`` (BR-H with refills weighs
         # fill and overflow per step differently: ``d`` then carries the overflow weights)
         self._a = fill if fill is not None else alpha * total

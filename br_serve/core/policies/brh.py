@@ -1,4 +1,5 @@
-"""BR-H: BalanceRoute with a short-horizon look-ahead (docs/design.md, "BR-H")."""
+"""BR-H: BalanceRoute with a look-ahead over a window of decode steps (docs/design.md,
+"BR-H"): by default 800 steps, on a sparse ladder of points, where decode leads the load."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class BRHOptions(BR0Options):
     trust_refill_coverage: float | None = option(
         None, ge=0, doc="per tick in a pool deeper than the free slots, use BR-0's "
         "decision unless the window projects drops of which the pool can refill less "
-        "than this share (refill_coverage; None: always look ahead)")
+        "than this share (refill_coverage; None: no such rule)")
     trust_decode_share: float | None = option(
         0.5, ge=0, le=1, doc="per tick, at any pool depth, use BR-0's decision unless "
         "decoded tokens are at least this share of the running load "
@@ -166,7 +167,8 @@ class BRH(PolicyBase[BRHOptions]):
         return all(map(operator.ge, sizes[-k:], need))
 
     def shallow(self, cluster: ClusterSnapshot, pool: PromptPool) -> bool:
-        """Shallow-pool mode is on and the pool fits the free slots (always look ahead)."""
+        """Shallow-pool mode is on and the pool fits the free slots (where decode leads,
+        always look ahead)."""
         return self.options.shallow_pool and len(pool) <= int(cluster.free_slots.sum())
 
     def decode_led(self, cluster: ClusterSnapshot) -> bool:
