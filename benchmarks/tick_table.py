@@ -23,9 +23,12 @@ REPLICAS = (4, 8, 16)
 POOLS = (64, 256, 1024, 4096)
 
 
-def _opts(policy: str, horizon: int) -> dict[str, Any]:
-    """The horizon for the policies that look ahead (their options have one)."""
-    return {"horizon": horizon} if policy_class(policy).needs.predictor else {}
+def _opts(policy: str, horizon: int | None) -> dict[str, Any]:
+    """The horizon for the policies that look ahead (their options have one; None:
+    their default)."""
+    if horizon is None or not policy_class(policy).needs.predictor:
+        return {}
+    return {"horizon": horizon}
 
 
 def main() -> int:
@@ -33,7 +36,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("docs/tick-latency.md"))
     ap.add_argument("--json", type=Path, default=Path("out/tick.json"))
     ap.add_argument("--ticks", type=int, default=1000)
-    ap.add_argument("--horizon", type=int, default=80)
+    ap.add_argument("--horizon", type=int, default=None,
+                    help="brh's window (default: its own default)")
     ap.add_argument("--with-survival", action="store_true",
                     help="also time brh with the empirical survival predictor")
     args = ap.parse_args()
@@ -48,9 +52,12 @@ def main() -> int:
             for pol, pred_name in policies:
                 pred = None
                 if pred_name != "survives":
+                    from br_serve.core.policy import parse_policy_options, predictor_horizon
                     from predictors import make_predictor
 
-                    pred = make_predictor(pred_name, horizon=args.horizon)
+                    h = predictor_horizon(pol, parse_policy_options(
+                        pol, _opts(pol, args.horizon)))
+                    pred = make_predictor(pred_name, horizon=int(h or 0))
                     _warm(pred, g)
                 r = run_bench(pol, g, n, options=_opts(pol, args.horizon), ticks=args.ticks,
                               predictor=pred, predictor_name=pred_name)
@@ -101,7 +108,10 @@ def _markdown(rows: list[dict[str, Any]], burst: list[dict[str, Any]],
         f"{args.ticks} ticks on this machine ({meta['cpus']} CPUs, Python {meta['python']}, "
         f"load average at the end {tuple(round(x, 2) for x in meta['loadavg_at_end'])}).",
         "States: steady-state decode, 16 slots per replica, mean G/4 free slots per tick "
-        "(see `br_serve/bench/tick.py` for why that is pessimistic).",
+        "(see `br_serve/bench/tick.py` for why that is pessimistic). Their prompts "
+        "(median 1,808 tokens) make most of the load, so BR-H's default decode rule makes "
+        "BR-0's decision on them; what a tick that looks ahead costs: "
+        "[policy-evaluation.md](policy-evaluation.md#tick-cost).",
         "",
         head,
         sep,
