@@ -206,7 +206,8 @@ def test_auto_buckets_are_refitted_and_answer_as_explicit_edges(
     outputs = rng.integers(1, 3000, n)
     auto = make_predictor("survival", auto_buckets=buckets, auto_bucket_after=after,
                           min_samples=1, min_bucket_samples=4)
-    fed, since, edges = 0, 0, ()
+    fed, since = 0, 0
+    edges: tuple[int, ...] = ()
     while fed < n:  # in batches, as finishes arrive
         k = min(batch, n - fed)
         warm_start(auto, prompts[fed:fed + k], outputs[fed:fed + k])
