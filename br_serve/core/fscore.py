@@ -165,12 +165,21 @@ def projected_loads(
     # a request runs at the points strictly before its end: the first idx of them
     idx = (np.clip(end_step, 0, last + 1) if k == last + 1
            else np.searchsorted(pts, end_step, side="left"))
-    base = replica * width
+    # One bincount for the four difference arrays (each call has a fixed cost): the
+    # weights enter at a request's replica row and leave at its end, the counts the
+    # same in a second block of bins.
+    m = replica.shape[0]
     n_bins = replicas * width
-    dw = np.bincount(base, weights=w, minlength=n_bins) - np.bincount(
-        base + idx, weights=w, minlength=n_bins)
-    dn = np.bincount(base, minlength=n_bins) - np.bincount(base + idx, minlength=n_bins)
-    sum_w = np.cumsum(dw.reshape(replicas, width), axis=1)[:, :k]
-    count = np.cumsum(dn.reshape(replicas, width), axis=1)[:, :k]
-    out = sum_w + count * h
+    bins = np.empty(4 * m, dtype=np.int64)
+    np.multiply(replica, width, out=bins[:m])
+    np.add(bins[:m], idx, out=bins[m:2 * m])
+    np.add(bins[:2 * m], n_bins, out=bins[2 * m:])
+    wts = np.empty(4 * m, dtype=np.float64)
+    wts[:m] = w
+    np.negative(w, out=wts[m:2 * m])
+    wts[2 * m:3 * m] = 1.0
+    wts[3 * m:] = -1.0
+    diff = np.bincount(bins, weights=wts, minlength=2 * n_bins)
+    run = np.cumsum(diff.reshape(2, replicas, width), axis=2)[:, :, :k]
+    out = run[0] + run[1] * h
     return out

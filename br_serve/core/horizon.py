@@ -88,9 +88,12 @@ class HorizonMargins:
         self.h: list[float] = (list(map(float, range(width))) if h is None
                                else h.tolist())
         self.dh = sum(map(mul, self.d, self.h))
-        self.uniform = all(x == 1.0 for x in self.d)
-        self.top: list[float] = (loads[alive].max(axis=0).tolist() if alive.any()
-                                 else [0.0] * width)
+        self.uniform = self.d.count(1.0) == width
+        n_alive = int(np.count_nonzero(alive))
+        # every replica alive (the usual case): no boolean-mask copy of the loads
+        top = (loads.max(axis=0) if n_alive == alive.shape[0] else loads[alive].max(axis=0)
+               if n_alive else None)
+        self.top: list[float] = [0.0] * width if top is None else top.tolist()
         self.ld: list[float] = (loads @ d).tolist()
         self._cache: dict[int, GrowingScore] = {}
 

@@ -106,10 +106,13 @@ class BRH(PolicyBase[BRHOptions]):
         fin = p >= self.options.gate
         if not fin.any():
             return None, p, True
-        mu = np.asarray(pred.mu_rem, dtype=np.float64)
-        ends = np.full(len(run), horizon + 1, dtype=np.int64)
-        ends[fin] = np.ceil(np.clip(mu[fin], 0, horizon + 1))
-        return ends, p, True
+        # ceil(clip(mu, 0, H + 1)) where the gate opens, H + 1 (survives) elsewhere; in
+        # place on one copy (the tick's hot path: each numpy call has a fixed cost)
+        ends = np.minimum(np.asarray(pred.mu_rem, dtype=np.float64), horizon + 1)
+        np.maximum(ends, 0, out=ends)
+        np.ceil(ends, out=ends)
+        ends[~fin] = horizon + 1  # also where mu_rem is not finite (p_fin below the gate)
+        return ends.astype(np.int64), p, True
 
     def refill_coverage(self, cluster: ClusterSnapshot, pool: PromptPool,
                         ends: IntArray | None, p_fin: FloatArray | None) -> float:
@@ -169,7 +172,9 @@ class BRH(PolicyBase[BRHOptions]):
     def shallow(self, cluster: ClusterSnapshot, pool: PromptPool) -> bool:
         """Shallow-pool mode is on and the pool fits the free slots (where decode leads,
         always look ahead)."""
-        return self.options.shallow_pool and len(pool) <= int(cluster.free_slots.sum())
+        if not self.options.shallow_pool or len(pool) > int(cluster.slots.sum()):
+            return False  # deeper than every slot could be free (without summing them)
+        return len(pool) <= int(cluster.free_slots.sum())
 
     def decode_led(self, cluster: ClusterSnapshot) -> bool:
         """Whether decoded tokens are at least ``trust_decode_share`` of the running
