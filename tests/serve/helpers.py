@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -16,10 +17,39 @@ from br_serve.engine.emulated import token_id, token_text
 from br_serve.transport.base import KVHandle, TransportError
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            lo, hi = (int(x) for x in fh.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_PORTS = random.Random()  # a test helper's own generator: ports only
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port that is free now and that nobody else is handed later.
+
+    The tests pick a port, then a server binds it (Serve's proxy, Ray's metrics agent).
+    A port from ``bind(0)`` lies in the kernel's ephemeral range, which the kernel hands
+    to every other ``bind(0)`` and outgoing connection meanwhile: a Ray session starting
+    while the previous one shut down took the metrics port a module had picked (CI: the
+    agent failed with EADDRINUSE, the node never started). Ports between 20000 and the
+    ephemeral range (Ray's workers use 10002-19999) are only ever bound on purpose.
+    """
+    lo = 20000
+    hi = min(_ephemeral_range()[0], 65536) - 1
+    for _ in range(200):
+        port = _PORTS.randint(lo, hi) if hi > lo else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise RuntimeError(f"no free port in [{lo}, {hi}]")
 
 
 def start_ray(metrics_port: int | None = None) -> None:

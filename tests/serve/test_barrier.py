@@ -5,6 +5,7 @@ timeout instead of hanging it."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import socket
 import time
 from typing import Any
@@ -39,31 +40,50 @@ def _rank(rank: int, port: int, steps: int, die_after: int | None, q: Any,
         q.put((rank, "error", str(exc)))
 
 
+def _context() -> Any:
+    """Processes forked from a fork server, not from this process: pytest's process
+    runs threads (torch's, the Ray modules' before this one), and a child forked while
+    one of them holds a lock can hang for good (seen in CI: a rank stuck in
+    ``TCPStore`` forever, and the run with it). The server is a fresh single-threaded
+    process that imports torch once; its forks are cheap and safe."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "br_serve.serve.barrier"])
+    return ctx
+
+
 def _run(steps: int, die: dict[int, int], timeout_s: float) -> dict[int, tuple[str, Any]]:
-    ctx = mp.get_context("fork")  # torch is imported already: no re-import per process
+    ctx = _context()
     q = ctx.Queue()
     store, port = open_store("127.0.0.1", 1, 30)  # rank 0's store, hosted here
     procs = [ctx.Process(target=_rank, args=(r, port, steps, die.get(r), q, timeout_s))
              for r in range(WORLD)]
-    for p in procs:
-        p.start()
     out: dict[int, tuple[str, Any]] = {}
-    deadline = time.monotonic() + 90
-    while len(out) < WORLD - len(die) and time.monotonic() < deadline:
-        rank, status, data = q.get(timeout=90)
-        out[rank] = (status, data)
-    for p in procs:
-        p.join(10)
-        if p.is_alive():  # never leave a stuck rank behind (it would hold the test)
-            p.kill()
-            p.join(5)
-    del store
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + 90
+        while len(out) < WORLD - len(die):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                rank, status, data = q.get(timeout=left)
+            except queue.Empty:
+                break
+            out[rank] = (status, data)
+    finally:
+        for p in procs:  # never leave a stuck rank behind: it would hold the test run
+            if p.pid is None:
+                continue  # never started
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        del store
     return out
 
 
 def test_rows_reach_every_rank_and_a_dead_peer_fails_the_others() -> None:
-    import torch  # noqa: F401  (loaded before the fork)
-
     out = _run(4, {}, timeout_s=20)  # generous: a loaded CI host must not time out
     for rank in range(WORLD):
         status, seen = out[rank]

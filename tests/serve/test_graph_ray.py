@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 
 MODEL = "br-emulated"
 KEY = "sekret"
-METRICS_PORT = free_port()
+METRICS_PORT = 0  # picked when the module's cluster starts (a port picked at collection
+# could be bound by anything in the minutes before it is used)
 STEP_B_S = 0.02
 FACTOR = (1.0, 1.0, 2.0)
 
@@ -34,6 +35,8 @@ def port() -> Iterator[int]:
     from br_serve.serve.config import parse_graph_config
     from br_serve.serve.graph import deploy
 
+    global METRICS_PORT
+    METRICS_PORT = free_port()
     start_ray(metrics_port=METRICS_PORT)
     p = free_port()
     # replica 2's engine steps twice as long as the configured model says, and the
