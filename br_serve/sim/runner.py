@@ -3,8 +3,9 @@
 Each task is one :func:`br_serve.sim.simulate` call on one replay under one
 :class:`RunSpec`, optionally time-scaled; its summary depends only on the task, so the
 results are the same for any ``jobs`` (wall-clock fields excepted: see
-:data:`WALL_CLOCK_KEYS`). Workers are forked processes that receive the replays, specs
-and warm-start history once (pool initializer), then only task indices.
+:data:`WALL_CLOCK_KEYS`). Workers are forked from a fork server (never from the
+caller's process, which may run threads); they receive the replays, specs and
+warm-start history once (pool initializer), then only task indices.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def default_jobs() -> int:
 class Runner:
     """Runs :class:`Task` s over fixed specs and replays with ``jobs`` processes.
 
-    ``jobs = 1`` runs in this process (no fork). Use as a context manager so the worker
+    ``jobs = 1`` runs in this process (no worker processes). Use as a context manager so the worker
     pool is shut down; :meth:`run` may be called many times (the capacity search does).
     """
 
@@ -158,7 +159,13 @@ class Runner:
                     progress(i + 1, n)
             return out
         if self._pool is None:
-            ctx = multiprocessing.get_context("fork")
+            # Workers come from a fork server, not from this process: a caller may run
+            # threads (Ray, a web server, torch's pools), and a child forked while one
+            # of them holds a lock can hang for good. The server is a fresh process
+            # that imports the simulator once; its forks are cheap. The job (specs,
+            # replays) is pickled to each worker once.
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["br_serve.sim.runner"])
             self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
                                              initializer=_init_worker, initargs=(self.job,))
         futures = [self._pool.submit(_run_in_worker, t) for t in tasks]
