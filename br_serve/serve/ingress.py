@@ -36,13 +36,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from br_serve.serve import openai_api as oa
 from br_serve.serve.actors import create_actors, replace_decode
 from br_serve.serve.config import parse_graph_config
+from br_serve.serve.responses import ClosingStreamingResponse
 from br_serve.serve.stopping import OutputFilter
 from br_serve.serve.streams import GenerateError, Streamer, Token
 from br_serve.transport.lease import KVLease
@@ -238,9 +239,9 @@ class Ingress:
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
         self._start()
+        gen = self._timed(self.streamer.generate_batches(prompt, params, request_id))
         try:
-            async for batch in self._timed(self.streamer.generate_batches(prompt, params,
-                                                                          request_id)):
+            async for batch in gen:
                 for tok in batch:
                     yield _token_dict(tok)
         except GenerateError as exc:
@@ -249,6 +250,8 @@ class Ingress:
             if exc.retry_after_s is not None:
                 item["retry_after_s"] = exc.retry_after_s
             yield item
+        finally:
+            await gen.aclose()  # closed at a yield: give the request up now (see _timed)
 
     def _start(self) -> None:
         """Start the streamer's background loops (idempotent) in a fresh context.
@@ -354,7 +357,7 @@ class Ingress:
             return _error(500, "empty generation", "server_error")
         if req.stream:
             include, continuous = req.stream_usage()
-            return StreamingResponse(
+            return ClosingStreamingResponse(
                 self._sse(first, gen, public_id, chat, include, continuous, filt),
                 media_type="text/event-stream")
         toks = list(first)
@@ -370,7 +373,7 @@ class Ingress:
 
     async def _sse(self, first: list[Token], gen: AsyncGenerator[list[Token], None],
                    rid: str, chat: bool, include_usage: bool, continuous_usage: bool = False,
-                   filt: OutputFilter | None = None) -> AsyncIterator[str]:
+                   filt: OutputFilter | None = None) -> AsyncGenerator[str, None]:
         """SSE events of one stream: one chunk per token (OpenAI's shape), written
         together when they arrived together (fewer writes through Serve's proxy, the
         same bytes)."""
@@ -426,13 +429,21 @@ class Ingress:
         t0 = time.perf_counter()
         t_first = 0.0
         n = 0
-        async for batch in gen:
-            if n == 0:
-                t_first = time.perf_counter()
-                if self._metrics is not None:
-                    self._metrics.ttft_ms.observe((t_first - t0) * 1e3)
-            n += len(batch)
-            if batch[-1].finished and n > 1 and self._metrics is not None:
-                self._metrics.tpot_ms.observe((time.perf_counter() - t_first) * 1e3 / (n - 1))
-            yield batch
+        try:
+            async for batch in gen:
+                if n == 0:
+                    t_first = time.perf_counter()
+                    if self._metrics is not None:
+                        self._metrics.ttft_ms.observe((t_first - t0) * 1e3)
+                n += len(batch)
+                if batch[-1].finished and n > 1 and self._metrics is not None:
+                    self._metrics.tpot_ms.observe(
+                        (time.perf_counter() - t_first) * 1e3 / (n - 1))
+                yield batch
+        finally:
+            # closed at a yield, ``async for`` leaves ``gen`` suspended: close it now
+            # (its finally gives the request up), not when the collector finds it
+            aclose = getattr(gen, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
