@@ -26,6 +26,7 @@ Contracts of :meth:`Streamer.generate`:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
@@ -167,7 +168,7 @@ class Streamer(StreamerIO):
                 given_up = self._pending.pop(rid, None)
                 if given_up is not None:  # the scheduler may hold it: take it back
                     self.lease.release(given_up.kv)
-                    self._scheduler.cancel.remote(rid)
+                    _detached(self._scheduler.cancel, rid)
                 if not produced:
                     raise
                 yield [Token(len(produced), -1, "", True, "error", prompt_tokens,
@@ -263,7 +264,7 @@ class Streamer(StreamerIO):
                 elif isinstance(ev, Admitted):
                     prev = self._placement.get(rid)
                     if prev is not None and prev != ev.replica:
-                        self._decode[ev.replica].abort.remote(rid)  # duplicate admission
+                        _detached(self._decode[ev.replica].abort, rid)  # duplicate admission
                         continue
                     self._placement[rid] = ev.replica
                     self._pending.pop(rid, None)
@@ -309,9 +310,22 @@ class Streamer(StreamerIO):
         if finished:
             return  # its replica already let it go
         if g is not None and g not in self._dead:
-            self._decode[g].abort.remote(rid)  # the client went away: free the slot
+            _detached(self._decode[g].abort, rid)  # the client went away: free the slot
         elif g is None:
-            self._scheduler.cancel.remote(rid)
+            _detached(self._scheduler.cancel, rid)
+
+
+def _detached(method: Any, *args: Any) -> None:
+    """``method.remote(*args)``, fire and forget, as nobody's child task.
+
+    Ray keeps an async actor's current task in a context variable, and a call made in a
+    request's context is a child of that request's task. These calls give a request up
+    when its client has gone, that is while Serve cancels the request, and Ray cancels
+    a cancelled task's children: measured, 5 aborts in 255 disconnects never reached
+    their decode replica, which decoded on for nobody. Made from an empty context they are
+    nobody's children (as the ingress's background loops are, ``Ingress._start``).
+    """
+    contextvars.Context().run(method.remote, *args)
 
 
 def _extend(prompt: str | list[int], produced: list[Token]) -> str | list[int]:

@@ -19,6 +19,7 @@ keeper's TTL. Each holder releases a handle once.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -105,7 +106,10 @@ class KVLease:
         except RuntimeError:  # no loop (a thread): send and forget
             self._send_release(handle, consumed)
             return
-        task = loop.create_task(self._release(handle, consumed))
+        # in an empty context: called while a request is being cancelled (its client
+        # left), the keeper call would be that request's child task, which Ray cancels
+        # with it (see br_serve.serve.streams._detached)
+        task = contextvars.Context().run(loop.create_task, self._release(handle, consumed))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
