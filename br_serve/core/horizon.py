@@ -67,7 +67,7 @@ class GrowingScore:
 
 class HorizonMargins:
     """Projected loads ``L_g(h)``, envelope ``M(h)`` and margin vectors ``M - L_g`` at
-    the projection points ``h`` (``None``: every step ``0..H``), each weighing ``d_h``.
+    the projection points ``h``, each weighing ``d_h``.
 
     The tick works on Python lists (``loads`` arrive as a ``(G, points)`` array and are
     copied once): per decision it touches one replica's few points, where numpy's
@@ -79,14 +79,13 @@ class HorizonMargins:
     __slots__ = ("_cache", "alpha", "beta", "d", "dh", "h", "ld", "loads", "top", "uniform")
 
     def __init__(self, loads: FloatArray, alive: np.ndarray, d: FloatArray, alpha: float,
-                 beta: float, h: FloatArray | None = None) -> None:
+                 beta: float, h: FloatArray) -> None:
         width = loads.shape[1]
         self.loads: list[list[float]] = loads.tolist()
         self.d: list[float] = d.tolist()
         self.alpha = alpha
         self.beta = beta
-        self.h: list[float] = (list(map(float, range(width))) if h is None
-                               else h.tolist())
+        self.h: list[float] = h.tolist()
         self.dh = sum(map(mul, self.d, self.h))
         self.uniform = self.d.count(1.0) == width
         n_alive = int(np.count_nonzero(alive))
@@ -149,7 +148,7 @@ class RefillMargins(HorizonMargins):
 
     def __init__(self, target: FloatArray, base: FloatArray, first: list[int],
                  alive: np.ndarray, d: FloatArray, alpha: float, beta: float,
-                 h: FloatArray | None = None) -> None:
+                 h: FloatArray) -> None:
         super().__init__(target, alive, d, alpha, beta, h)
         self.base: list[list[float]] = base.tolist()
         self.first = first

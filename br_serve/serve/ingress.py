@@ -423,7 +423,7 @@ class Ingress:
         finally:
             await gen.aclose()
 
-    async def _timed(self, gen: AsyncIterator[list[Token]]
+    async def _timed(self, gen: AsyncGenerator[list[Token], None]
                      ) -> AsyncGenerator[list[Token], None]:
         """Record TTFT and TPOT of one stream (batches pass through unchanged)."""
         t0 = time.perf_counter()
@@ -443,7 +443,5 @@ class Ingress:
         finally:
             # closed at a yield, ``async for`` leaves ``gen`` suspended: close it now
             # (its finally gives the request up), not when the collector finds it
-            aclose = getattr(gen, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await gen.aclose()
 

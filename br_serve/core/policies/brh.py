@@ -189,24 +189,17 @@ class BRH(PolicyBase[BRHOptions]):
         total = decoded + float(run.prompt_tokens.sum())
         return total > 0 and decoded >= share * total
 
-    def trusted(self, cluster: ClusterSnapshot, pool: PromptPool, ends: IntArray | None,
-                p_fin: FloatArray | None) -> bool:
-        """Whether this tick looks ahead (else it makes BR-0's decision; docs/core.md).
-
-        Only where decode leads the load (:meth:`decode_led`, with
-        ``trust_decode_share``), at every pool depth. Then, a shallow pool (it fits the
-        free slots) cannot refill what the window frees, so the projection (drops and
-        growth) is right there: always; in a deeper pool, with
-        ``trust_refill_coverage``, only when the window projects drops the pool cannot
-        refill (:meth:`refill_coverage` below it; with no projected drop every replica
-        just grows, which BR-0 sees as well).
-        """
-        return self.decode_led(cluster) and self._covered(
-            self.shallow(cluster, pool), cluster, pool, ends, p_fin)
-
     def _covered(self, shallow: bool, cluster: ClusterSnapshot, pool: PromptPool,
                  ends: IntArray | None, p_fin: FloatArray | None) -> bool:
-        """:meth:`trusted` once decode is known to lead: the pool-depth part."""
+        """Whether a tick where decode leads the load (:meth:`decode_led`) looks ahead,
+        by pool depth (else it makes BR-0's decision; docs/core.md).
+
+        A shallow pool (it fits the free slots) cannot refill what the window frees, so
+        the projection (drops and growth) is right there: always; in a deeper pool,
+        with ``trust_refill_coverage``, only when the window projects drops the pool
+        cannot refill (:meth:`refill_coverage` below it; with no projected drop every
+        replica just grows, which BR-0 sees as well).
+        """
         if shallow:
             return True
         threshold = self.options.trust_refill_coverage
