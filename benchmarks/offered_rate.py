@@ -49,10 +49,7 @@ def main() -> int:
         trace = load_workload(wl, a.seed)
         proto, size = stationary_plan(ta.G, ta.B, len(trace))
         for setting in ("half-slow", "drift"):
-            jsq = run_ensemble(trace, ta.specs(setting, trace, size, True)[:1], limit=size,
-                               stationary=proto, **common)
-            offered_all = float(trace.output_tokens.sum() / trace.duration_s)
-            scale = 0.9 * jsq.ensemble[0]["throughput_tok_s_mean"] / offered_all
+            scale = ta.trace90_scale(trace, setting, size, proto, common)
             specs = [s for s in ta.specs(setting, trace, a.trace_requests, False)
                      if s.label in keep]
             ens = run_ensemble(trace, specs, limit=a.trace_requests, rate_scale=scale,

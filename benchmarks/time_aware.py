@@ -46,6 +46,7 @@ from br_serve.sim import SimConfig
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import paired_gain, run_ensemble
 from br_serve.sim.runner import RunSpec
+from br_serve.sim.stationary import Stationary
 from br_serve.traces import Trace
 from results import SLO_TPOT_FACTOR, SLO_TTFT_S, STEP_A, STEP_B, load_workload, stationary_plan
 
@@ -81,6 +82,17 @@ def cluster(setting: str, trace: Trace, window_requests: int) -> dict[str, Any]:
         out["step_c_s_per_request"] = typical / B
     out.update(step_a_s_per_token=tuple(a), step_b_s=tuple(b))
     return out
+
+
+def trace90_scale(trace: Trace, setting: str, size: int, proto: Stationary,
+                  common: dict[str, Any]) -> float:
+    """The arrival-rate factor of a trace-90 cell: the trace's offered token rate
+    scaled to 90% of jsq's stationary throughput in that setting (``proto``, ``size``:
+    the stationary plan; ``common``: the ensemble's replays, mode, seed and jobs)."""
+    jsq = run_ensemble(trace, specs(setting, trace, size, True)[:1], limit=size,
+                       stationary=proto, **common)
+    offered = float(trace.output_tokens.sum() / trace.duration_s)
+    return 0.9 * float(jsq.ensemble[0]["throughput_tok_s_mean"]) / offered
 
 
 def specs(setting: str, trace: Trace, window: int, saturated: bool) -> list[RunSpec]:
@@ -202,10 +214,7 @@ def main() -> int:
                     ens = run_ensemble(trace, specs(setting, trace, size, True),
                                        limit=size, stationary=proto, **common)
                 else:
-                    jsq = run_ensemble(trace, specs(setting, trace, size, True)[:1],
-                                       limit=size, stationary=proto, **common)
-                    offered = float(trace.output_tokens.sum() / trace.duration_s)
-                    scale = 0.9 * jsq.ensemble[0]["throughput_tok_s_mean"] / offered
+                    scale = trace90_scale(trace, setting, size, proto, common)
                     ens = run_ensemble(trace, specs(setting, trace, args.trace_requests,
                                                     False),
                                        limit=args.trace_requests, rate_scale=scale, **common)
