@@ -420,7 +420,14 @@ def test_a_dropped_decode_rank_ends_no_other_stream(graph: Graph) -> None:
             running = [r["running"] for r in st["ranks"]]
             if sum(running) >= n - 2:  # (nearly) all running, none finished yet
                 break
-        assert sum(running) >= n - 2, (running, task.done())
+        if sum(running) < n - 2:  # say where the streams are: decode, prefill, pool
+            pre = await asyncio.to_thread(graph.prefill_kv)
+            raise AssertionError(
+                f"running {running} after 60 s (streams done: {task.done()}); "
+                f"decode: admitted {[len(_ids(st, prefix)[g]) for g in range(G)]}, "
+                f"finished {[r['finished'] for r in st['ranks']]}, "
+                f"kv_pulls {[r['kv_pulls'] for r in st['ranks']]}, refused "
+                f"{st['refused']}; prefill kv {pre}")
         victim.append(max(range(G), key=running.__getitem__))
         assert running[victim[0]] >= 2 and sum(1 for x in running if x) >= 2, running
         await asyncio.to_thread(graph.fault, victim[0], "drop")
