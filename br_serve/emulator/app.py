@@ -88,7 +88,10 @@ class Emulator:
             return
         self.driver.start()
         self.broker.start()
-        self._client = httpx.AsyncClient(timeout=self.config.twin_timeout_s)
+        # idle connections dropped before the twin's uvicorn closes them (5 s): a pull
+        # sent on a connection being closed would be lost (see remote.client.Timeouts)
+        self._client = httpx.AsyncClient(timeout=self.config.twin_timeout_s,
+                                         limits=httpx.Limits(keepalive_expiry=2.0))
 
     async def shutdown(self) -> None:
         self._started -= 1

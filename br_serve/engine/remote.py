@@ -363,6 +363,7 @@ def remote_rank(cfg: Any, index: int) -> RemoteDecodeEngine:
     url, pin = cfg.decode_target(index)
     engine = RemoteDecodeEngine(url, pin, Timeouts(
         connect_s=cfg.remote_connect_s, first_byte_s=cfg.remote_first_token_s,
-        stall_s=cfg.remote_stall_s), api_key=cfg.engine_api_key)
+        stall_s=cfg.remote_stall_s, keepalive_s=cfg.remote_keepalive_s),
+        api_key=cfg.engine_api_key)
     engine.wait_healthy(REMOTE_START_WAIT_S)
     return engine

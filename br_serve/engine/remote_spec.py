@@ -75,6 +75,11 @@ class RemoteSpec(BaseModel):
     """vllm/sglang: bound on a decode stream's first token (KV transfer included)."""
     remote_stall_s: float = Field(default=30.0, gt=0)
     """vllm/sglang: most seconds between two chunks of a flowing decode stream."""
+    remote_keepalive_s: float = Field(default=2.0, gt=0)
+    """vllm/sglang: most seconds an idle pooled connection to an engine is reused. Keep
+    it below the engines' server keep-alive timeout (uvicorn's 5 s unless changed, e.g.
+    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``): a request sent on a connection the server is
+    closing at that moment is lost without an answer."""
 
     @field_validator("prefill_urls", "decode_urls", mode="before")
     @classmethod

@@ -51,15 +51,24 @@ from br_serve.remote.sse import DecodeStreamParser, Done, ErrorEvent, StreamEven
 class Timeouts:
     """Seconds. ``request_s``: a whole non-streamed call; ``first_byte_s``: a stream's
     headers and first chunk (KV transfer included); ``stall_s``: most time between two
-    chunks of a stream once it flows."""
+    chunks of a stream once it flows; ``keepalive_s``: how long an idle pooled
+    connection is reused.
+
+    ``keepalive_s`` must stay below the engine server's own keep-alive timeout (uvicorn's
+    default of 5 s, which vLLM keeps unless ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` is set).
+    With equal bounds a request sent on a connection the server is closing at that
+    moment is lost without an answer (``ReadError``): measured 5-6 of 1,440 requests
+    sent after 4.90-5.05 s of idleness with httpx's default of 5 s, 0 of 1,440 with 2 s
+    (``benchmarks/keepalive_race.py``)."""
 
     connect_s: float = 3.0
     request_s: float = 120.0
     first_byte_s: float = 120.0
     stall_s: float = 30.0
+    keepalive_s: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in ("connect_s", "request_s", "first_byte_s", "stall_s"):
+        for name in ("connect_s", "request_s", "first_byte_s", "stall_s", "keepalive_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"timeouts.{name}: must be > 0 (got {getattr(self, name)})")
 
@@ -87,7 +96,8 @@ class RemoteEngineClient:
             headers=bearer(api_key), transport=transport,
             timeout=httpx.Timeout(t.request_s, connect=t.connect_s),
             limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections))
+                                max_keepalive_connections=max_connections,
+                                keepalive_expiry=t.keepalive_s))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -147,15 +157,33 @@ class RemoteEngineClient:
     async def sglang_prefill(self, base_url: str, body: Mapping[str, Any],
                              bootstrap: Bootstrap, request_id: str, chat: bool = False,
                              rank: int | None = None,
-                             timeout_s: float | None = None) -> PrefillResult:
+                             timeout_s: float | None = None,
+                             tries: int = 3) -> PrefillResult:
         """Prefill on an SGLang prefill server; returns when the decode took the KV.
 
         Start it as a task alongside the decode stream: SGLang answers it only after
         the KV moved (or the bootstrap timed out: an :class:`EngineHTTPError`).
+
+        A call whose connection is lost before the answer (:class:`EngineDisconnected`)
+        is sent again at once, up to ``tries`` calls in all. The decode waits for this
+        room's KV, which only this call brings, so a lost call would leave it waiting
+        until its own first-token bound. A healthy server closes a connection only
+        between requests: one lost before the answer is an idle pooled connection the
+        server was closing as the request went out, and the request never reached it,
+        so the same room is safe to send again. An answer (a refusal), a timeout or an
+        engine that cannot be reached is not retried.
         """
+        if tries < 1:
+            raise ValueError(f"tries: must be >= 1 (got {tries})")
         url = base_url + endpoint_path(chat)
         pbody = sglang_prefill_request(body, bootstrap, request_id, rank)
-        answer = await self.request_json("POST", url, pbody, timeout_s=timeout_s)
+        for attempt in range(1, tries + 1):
+            try:
+                answer = await self.request_json("POST", url, pbody, timeout_s=timeout_s)
+                break
+            except EngineDisconnected:
+                if attempt >= tries:
+                    raise
         return _prefill_result(url, request_id, answer, None)
 
     # -- decode stream ------------------------------------------------------------------

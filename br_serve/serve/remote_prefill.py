@@ -81,7 +81,8 @@ class RemotePrefillWorker:
         self._timeouts = Timeouts(connect_s=cfg.remote_connect_s,
                                   request_s=cfg.remote_first_token_s,
                                   first_byte_s=cfg.remote_first_token_s,
-                                  stall_s=cfg.remote_stall_s)
+                                  stall_s=cfg.remote_stall_s,
+                                  keepalive_s=cfg.remote_keepalive_s)
         self._client: Any = None  # made on the serving loop
         # round robin from a random start, so that replicas do not march in step
         self._next = itertools.count(random.Random(uuid.uuid4().int).randrange(1 << 16))
@@ -160,10 +161,16 @@ class RemotePrefillWorker:
         boot = Bootstrap(host, self.cfg.bootstrap_port or port,
                          new_bootstrap_room(self._rooms))
         body = completion_body(prompt, params, self.model)
+        # the decode this ticket is bound to waits for the room's KV, which only this
+        # call brings: the client sends it again if its connection is lost unanswered
         call = asyncio.create_task(self._http().sglang_prefill(
             url, body, boot, request_id,
             timeout_s=self.cfg.pool_ttl_s + self.cfg.remote_first_token_s))
-        done, _ = await asyncio.wait({call}, timeout=_SGLANG_REFUSAL_WAIT_S)
+        try:
+            done, _ = await asyncio.wait({call}, timeout=_SGLANG_REFUSAL_WAIT_S)
+        except asyncio.CancelledError:  # no ticket will name the room: free it now
+            call.cancel()  # (the engine aborts a request whose connection closes)
+            raise
         if done:  # answered at once: a refusal (a success needs its decode first)
             from br_serve.remote.errors import EngineProtocolError
 
@@ -177,6 +184,13 @@ class RemotePrefillWorker:
 
     def _call_ended(self, call: asyncio.Task[Any]) -> None:
         self._calls.discard(call)
-        if not call.cancelled() and call.exception() is not None:
-            # expected when the request was released (abort) or its decode failed
-            log.debug("prefill: SGLang prefill call ended: %s", call.exception())
+        if call.cancelled() or call.exception() is None:
+            return
+        from br_serve.remote.errors import EngineHTTPError
+
+        exc = call.exception()
+        if isinstance(exc, EngineHTTPError):
+            # the engine's answer: the request was released (abort) or its decode failed
+            log.debug("prefill: SGLang prefill call ended: %s", exc)
+        else:  # its decode waits for KV that will not come, until its first-token bound
+            log.warning("prefill: SGLang prefill call failed: %s", exc)

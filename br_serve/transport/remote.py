@@ -25,13 +25,17 @@ log = logging.getLogger(__name__)
 
 
 class RemoteTicketTransport:
-    """See the module docstring. ``api_key``: the engines' bearer key."""
+    """See the module docstring. ``api_key``: the engines' bearer key; ``keepalive_s``:
+    how long an idle connection is reused, below the engines' server keep-alive (see
+    :class:`~br_serve.remote.client.Timeouts`)."""
 
     name = "remote"
 
-    def __init__(self, api_key: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(self, api_key: str | None = None, timeout_s: float = 5.0,
+                 keepalive_s: float = 2.0) -> None:
         self._headers = bearer(api_key)
         self._timeout_s = timeout_s
+        self._limits = httpx.Limits(keepalive_expiry=keepalive_s)
         self._http: httpx.Client | None = None
         #: prefill holds this process freed on the engine (for tests and logs)
         self.released = 0
@@ -59,7 +63,8 @@ class RemoteTicketTransport:
             return
         url, body = ticket.release_call()
         if self._http is None:
-            self._http = httpx.Client(headers=self._headers, timeout=self._timeout_s)
+            self._http = httpx.Client(headers=self._headers, timeout=self._timeout_s,
+                                      limits=self._limits)
         try:
             r = self._http.post(url, json=body)
         except httpx.HTTPError as exc:

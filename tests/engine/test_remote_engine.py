@@ -12,6 +12,7 @@ import pytest
 from br_serve.engine.base import SamplingParams, TokenEvent
 from br_serve.engine.remote import RemoteDecodeEngine, RemoteRankDown
 from br_serve.remote.client import RemoteEngineClient, Timeouts
+from br_serve.remote.errors import EngineDisconnected
 from br_serve.remote.requests import Bootstrap
 from br_serve.remote.ticket import RemoteTicket, completion_body
 from br_serve.transport.base import TransportError
@@ -177,3 +178,84 @@ def test_a_ticket_whose_prefill_hold_expired_fails_retryable() -> None:
         assert not got and [f[0] for f in failed] == [t.request_id]
         assert failed[0][2], failed  # retryable: the ingress prefills it again
         eng.close()
+
+
+class _LosesPrefills(httpx.AsyncBaseTransport):
+    """Loses the first ``n`` prefill POSTs the way a pooled connection the server is
+    closing loses them: ``ReadError``, and the server never sees the request."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.left and request.url.path == "/v1/completions":
+            self.left -= 1
+            raise httpx.ReadError("Server disconnected", request=request)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@pytest.mark.parametrize("tries", [3, 1])
+def test_an_sglang_prefill_whose_connection_is_lost_is_sent_again(tries: int) -> None:
+    """Two of the prefill's sends are lost unanswered: with 3 tries the room opens once
+    and the decode streams exactly; with 1 the call fails and no room opens (the decode
+    would wait for KV that never comes: the CI failure this retry fixes)."""
+    with servers(config("sglang", "prefill"), config("sglang", "decode", 2)) as (p, d):
+        host, port = p.url.removeprefix("http://").split(":")
+        boot = Bootstrap(host, int(port), 777)
+        body = completion_body("x y z", SamplingParams(max_tokens=4, seed=7), MODEL)
+
+        async def prefill() -> Any:
+            async with RemoteEngineClient(transport=_LosesPrefills(2)) as c:
+                return await c.sglang_prefill(p.url, body, boot, "s2", tries=tries)
+
+        loop = asyncio.new_event_loop()
+        call = loop.create_task(prefill())
+        loop.run_until_complete(asyncio.sleep(0.2))
+        if tries == 1:
+            with pytest.raises(EngineDisconnected):
+                loop.run_until_complete(call)
+            assert _stats(p.url)["kv"]["issued"] == 0
+        else:
+            eng = RemoteDecodeEngine(d.url, 1)
+            eng.admit("s2", RemoteTicket("sglang", p.url, "s2", body, 3, bootstrap=boot), 3,
+                      -1, SamplingParams())
+            got, failed = _drive(eng)
+            assert not failed
+            assert [e.text for e in got["s2"]] == expected_texts("x y z", 4, 7)
+            loop.run_until_complete(call)
+            kv = _stats(p.url)["kv"]
+            assert kv["issued"] == 1 and kv["held"] == 0, kv
+            eng.close()
+        loop.close()
+
+
+def test_idle_pooled_connections_are_dropped_after_keepalive_s() -> None:
+    """A connection idle longer than ``keepalive_s`` is not reused (the engine server
+    closes its own at 5 s: reusing one it is closing loses the request)."""
+    accepted = 0
+
+    async def go() -> None:
+        nonlocal accepted
+
+        async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            nonlocal accepted
+            accepted += 1
+            while await r.readuntil(b"\r\n\r\n"):
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                await w.drain()
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/x"
+        async with RemoteEngineClient(Timeouts(keepalive_s=0.3)) as c:
+            await c.request_json("GET", url)
+            await c.request_json("GET", url)  # reused at once
+            assert accepted == 1
+            await asyncio.sleep(0.6)
+            await c.request_json("GET", url)  # idle past keepalive_s: a new connection
+            assert accepted == 2
+        srv.close()
+    asyncio.run(go())
