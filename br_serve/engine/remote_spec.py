@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from br_serve.remote.requests import KEEPALIVE_S
+
 #: The engines that run outside the graph.
 REMOTE_ENGINES = ("vllm", "sglang")
 
@@ -75,7 +77,7 @@ class RemoteSpec(BaseModel):
     """vllm/sglang: bound on a decode stream's first token (KV transfer included)."""
     remote_stall_s: float = Field(default=30.0, gt=0)
     """vllm/sglang: most seconds between two chunks of a flowing decode stream."""
-    remote_keepalive_s: float = Field(default=2.0, gt=0)
+    remote_keepalive_s: float = Field(default=KEEPALIVE_S, gt=0)
     """vllm/sglang: most seconds an idle pooled connection to an engine is reused. Keep
     it below the engines' server keep-alive timeout (uvicorn's 5 s unless changed, e.g.
     ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``): a request sent on a connection the server is

@@ -37,6 +37,7 @@ from br_serve.remote.errors import (
 )
 from br_serve.remote.loads import RankLoad, sglang_rank_loads, vllm_rank_loads
 from br_serve.remote.requests import (
+    KEEPALIVE_S,
     Bootstrap,
     bearer,
     check_vllm_kv_params,
@@ -65,7 +66,7 @@ class Timeouts:
     request_s: float = 120.0
     first_byte_s: float = 120.0
     stall_s: float = 30.0
-    keepalive_s: float = 2.0
+    keepalive_s: float = KEEPALIVE_S
 
     def __post_init__(self) -> None:
         for name in ("connect_s", "request_s", "first_byte_s", "stall_s", "keepalive_s"):

@@ -43,6 +43,10 @@ VLLM_DECODE_KV_FIELDS = ("remote_engine_id", "remote_block_ids", "remote_host",
 #: Usage on every chunk: exact per-chunk token counts for the stream parser.
 STREAM_OPTIONS: Mapping[str, bool] = {"include_usage": True, "continuous_usage_stats": True}
 
+#: Seconds an idle pooled connection to an engine is reused, by default: below the
+#: engines' server keep-alive of 5 s (see :class:`br_serve.remote.client.Timeouts`)
+KEEPALIVE_S = 2.0
+
 
 def bearer(api_key: str | None) -> dict[str, str]:
     """The ``Authorization`` header of an engine's ``--api-key`` (none without a key)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from br_serve.remote.requests import bearer
+from br_serve.remote.requests import KEEPALIVE_S, bearer
 from br_serve.remote.ticket import RemoteTicket
 from br_serve.transport.base import KVHandle, TransportError
 
@@ -32,7 +32,7 @@ class RemoteTicketTransport:
     name = "remote"
 
     def __init__(self, api_key: str | None = None, timeout_s: float = 5.0,
-                 keepalive_s: float = 2.0) -> None:
+                 keepalive_s: float = KEEPALIVE_S) -> None:
         self._headers = bearer(api_key)
         self._timeout_s = timeout_s
         self._limits = httpx.Limits(keepalive_expiry=keepalive_s)
