@@ -1,5 +1,5 @@
 """What one message between two actors costs: a Ray actor call against a frame on the
-event channel (``br_serve.serve.channel``), CPU on each side, on one local Ray.
+event channel (``br_serve.serve.wire.channel``), CPU on each side, on one local Ray.
 
     python benchmarks/rpc_cost.py --calls 2000 --out results/rpc_cost.json
 
@@ -33,13 +33,13 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    from br_serve.serve.channel import (
+    from br_serve.serve.wire.channel import (
         ChannelServer,
         decode_events,
         encode_events,
         encode_report,
     )
-    from br_serve.serve.messages import ReplicaReport
+    from br_serve.serve.wire.messages import ReplicaReport
 
     ray.init(include_dashboard=False, num_cpus=2, object_store_memory=100 * 2**20,
              log_to_driver=False)
@@ -93,7 +93,7 @@ def main() -> None:
             return time.process_time() - c0
 
         async def frames(self, spec: tuple[str, int, str], n: int) -> float:
-            from br_serve.serve.channel import MAGIC, frame
+            from br_serve.serve.wire.channel import MAGIC, frame
 
             _, w = await asyncio.open_connection(spec[0], spec[1])
             w.write(frame((MAGIC, spec[2], 0, "inc", 0)))

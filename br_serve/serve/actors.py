@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from br_serve.serve.config import GraphConfig
-from br_serve.serve.rpc import BUG, GONE, UNAVAILABLE
+from br_serve.serve.wire.rpc import BUG, GONE, UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def _makers(cfg: GraphConfig) -> tuple[Any, list[Any], Any]:
     """Functions that create (or find, by name) each actor: keeper, decode, scheduler."""
     import ray
 
-    from br_serve.serve.decode import DecodeReplica
-    from br_serve.serve.scheduler import Scheduler
+    from br_serve.serve.replica.decode import DecodeReplica
+    from br_serve.serve.scheduler.actor import Scheduler
     from br_serve.transport.keeper import KVKeeper, keeper_name
 
     config = cfg.model_dump()
@@ -115,7 +115,7 @@ async def replace_decode(cfg: GraphConfig, g: int, old: Any, attempts: int = 40)
     """
     import ray
 
-    from br_serve.serve.decode import DecodeReplica
+    from br_serve.serve.replica.decode import DecodeReplica
 
     sched_name, _ = actor_names(cfg.app_name, cfg.replicas)
     with contextlib.suppress(*GONE, ValueError):

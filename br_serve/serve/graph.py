@@ -24,9 +24,9 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
     """
     from ray import serve
 
-    from br_serve.serve.ingress import Ingress
-    from br_serve.serve.prefill import PrefillWorker
-    from br_serve.serve.remote_prefill import RemotePrefillWorker
+    from br_serve.serve.frontend.ingress import Ingress
+    from br_serve.serve.prefill.remote import RemotePrefillWorker
+    from br_serve.serve.prefill.worker import PrefillWorker
 
     cfg = parse_graph_config(args)
     conf = cfg.model_dump()

@@ -108,7 +108,7 @@ class KVLease:
             return
         # in an empty context: called while a request is being cancelled (its client
         # left), the keeper call would be that request's child task, which Ray cancels
-        # with it (see br_serve.serve.streams._detached)
+        # with it (see br_serve.serve.frontend.streams._detached)
         task = contextvars.Context().run(loop.create_task, self._release(handle, consumed))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from br_serve.serve.barrier import Barrier, BarrierError, open_store
+from br_serve.serve.replica.barrier import Barrier, BarrierError, open_store
 
 pytestmark = pytest.mark.timeout(120)
 WORLD = 3
@@ -47,7 +47,7 @@ def _context() -> Any:
     ``TCPStore`` forever, and the run with it). The server is a fresh single-threaded
     process that imports torch once; its forks are cheap and safe."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "br_serve.serve.barrier"])
+    ctx.set_forkserver_preload(["torch", "br_serve.serve.replica.barrier"])
     return ctx
 
 

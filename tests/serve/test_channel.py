@@ -1,4 +1,4 @@
-"""The event channel (``br_serve.serve.channel``): a real DecodeReplica (fake barrier,
+"""The event channel (``br_serve.serve.wire.channel``): a real DecodeReplica (fake barrier,
 no Ray) writing to a real Streamer's channel over 127.0.0.1, on one event loop.
 
 Why it matters: tokens leave the Ray RPC path for a TCP stream, so everything the poll
@@ -23,12 +23,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from br_serve.engine.base import SamplingParams
-from br_serve.serve.channel import MAGIC, ChannelError, decode_events, encode_events
 from br_serve.serve.config import parse_graph_config
-from br_serve.serve.decode import DecodeReplica
-from br_serve.serve.events import Inbox, _Lost
-from br_serve.serve.messages import Admission, Admitted, StreamError
-from br_serve.serve.streams import Streamer
+from br_serve.serve.frontend.events import Inbox, _Lost
+from br_serve.serve.frontend.streams import Streamer
+from br_serve.serve.replica.decode import DecodeReplica
+from br_serve.serve.wire.channel import MAGIC, ChannelError, decode_events, encode_events
+from br_serve.serve.wire.messages import Admission, Admitted, StreamError
 from br_serve.transport.base import KVHandle
 from br_serve.transport.lease import KVLease
 from tests.serve.helpers import RecordingTransport, fake_lease
@@ -248,8 +248,8 @@ def test_the_wire_tokens_equal_what_the_engine_produced() -> None:
 
 
 def test_a_report_survives_a_frame_exactly() -> None:
-    from br_serve.serve.channel import decode_reports, encode_report
-    from br_serve.serve.messages import ReplicaReport
+    from br_serve.serve.wire.channel import decode_reports, encode_report
+    from br_serve.serve.wire.messages import ReplicaReport
 
     rep = ReplicaReport(replica=3, generation=2, step=17, load_tokens=900,
                         running_ids=("a", "b"), prompt_tokens=(400, 480),
@@ -277,7 +277,7 @@ class _RaySched:
 
 
 def test_reports_go_over_the_report_channel_and_fall_back_to_ray_when_it_breaks() -> None:
-    from br_serve.serve.channel import ChannelServer, decode_reports
+    from br_serve.serve.wire.channel import ChannelServer, decode_reports
 
     rep = DecodeReplica(0, {"slots": 8, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
                             "step_b_s": 0.002}, "no-scheduler")

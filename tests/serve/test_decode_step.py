@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from br_serve.engine.base import SamplingParams
-from br_serve.serve.decode import DecodeReplica
-from br_serve.serve.messages import Admission, ReplicaReport
+from br_serve.serve.replica.decode import DecodeReplica
+from br_serve.serve.wire.messages import Admission, ReplicaReport
 from br_serve.transport.base import KVHandle
 from tests.serve.helpers import RecordingTransport, fake_lease
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from br_serve.serve.gate import AdmissionGate
+from br_serve.serve.frontend.gate import AdmissionGate
 
 
 def _gate() -> tuple[AdmissionGate, list[float]]:

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from br_serve.engine.base import SamplingParams
-from br_serve.serve.decode import DecodeReplica
-from br_serve.serve.messages import Admission, Admitted, StreamError
+from br_serve.serve.replica.decode import DecodeReplica
+from br_serve.serve.wire.messages import Admission, Admitted, StreamError
 from br_serve.transport.base import KVHandle, TransportError
 from br_serve.transport.keeper import KVKeeper
 from tests.serve.helpers import FakeKeeper, RecordingTransport, fake_lease

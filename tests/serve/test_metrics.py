@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from br_serve.core.calibration import Coefficients
-from br_serve.serve.sched_core import make_calibrator
+from br_serve.serve.scheduler.core import make_calibrator
 from tests.serve.test_sched_calibration import G, _feed
 
 
@@ -65,8 +65,8 @@ def test_scheduler_exports_the_fit_throttled(fake_metrics: dict[str, FakeMetric]
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The actor shell puts its core's fit into the gauges at most once a second (no
     Ray: the actor's constructor builds the core and touches no cluster)."""
-    from br_serve.serve import scheduler as sched_mod
     from br_serve.serve.metrics import SchedulerMetrics
+    from br_serve.serve.scheduler import actor as sched_mod
 
     sched = sched_mod.Scheduler({"replicas": G, "policy_options": {"cost": "time"}},
                                 [f"d{g}" for g in range(G)])
@@ -95,8 +95,8 @@ def test_scheduler_exports_the_fit_throttled(fake_metrics: dict[str, FakeMetric]
 
 def test_no_calibration_no_coefficient_gauges_set(fake_metrics: dict[str, FakeMetric]
                                                   ) -> None:
-    from br_serve.serve import scheduler as sched_mod
     from br_serve.serve.metrics import SchedulerMetrics
+    from br_serve.serve.scheduler import actor as sched_mod
 
     sched = sched_mod.Scheduler({"replicas": G}, [f"d{g}" for g in range(G)])
     assert sched.core.calibrator is None

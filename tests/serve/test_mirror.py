@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from br_serve.core import build_policy
 from br_serve.engine.base import SamplingParams
 from br_serve.engine.emulated import EmulatedEngine
-from br_serve.serve.messages import Admission, AdmitReply, ReplicaReport
-from br_serve.serve.replica_book import ReplicaBook, ReportClock, as_delta, build_report
-from br_serve.serve.sched_core import Dispatch, SchedulerCore
+from br_serve.serve.replica.book import ReplicaBook, ReportClock, as_delta, build_report
+from br_serve.serve.scheduler.core import Dispatch, SchedulerCore
+from br_serve.serve.wire.messages import Admission, AdmitReply, ReplicaReport
 from br_serve.transport.base import KVHandle
 
 SLOTS = 2

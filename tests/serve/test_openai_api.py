@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from br_serve.serve import openai_api as oa
-from br_serve.serve.stopping import OutputFilter
+from br_serve.serve.frontend import openai_api as oa
+from br_serve.serve.frontend.stopping import OutputFilter
 
 C = {"model": "m", "prompt": "a b"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -206,7 +206,7 @@ def test_openai_client_stop(port: int) -> None:
 
 
 # -- client disconnects (issue 12, item 8) ---------------------------------------------------
-#: traceback frames of the ingress's long-lived I/O tasks (serve/events.py, channel.py)
+#: traceback frames of the ingress's long-lived I/O tasks (serve/frontend/events.py, channel.py)
 _OUR_IO_FRAMES = ("in _poll_loop", "in _watch_scheduler", "in _lost", "in _open_channel",
                   "in _serve")
 

@@ -12,7 +12,7 @@ import pytest
 from starlette.responses import StreamingResponse
 from starlette.types import Message
 
-from br_serve.serve.responses import ClosingStreamingResponse
+from br_serve.serve.frontend.responses import ClosingStreamingResponse
 
 
 async def _end_mid_send(cls: type[StreamingResponse], spec: str) -> bool:

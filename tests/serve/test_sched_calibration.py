@@ -14,8 +14,8 @@ import pytest
 
 from br_serve.core import ClusterSnapshot, PromptPool, TickResult, build_policy
 from br_serve.engine.base import SamplingParams
-from br_serve.serve.messages import Admission, ReplicaReport
-from br_serve.serve.sched_core import SchedulerCore, make_calibrator
+from br_serve.serve.scheduler.core import SchedulerCore, make_calibrator
+from br_serve.serve.wire.messages import Admission, ReplicaReport
 from br_serve.transport.base import KVHandle
 
 G = 4

@@ -6,8 +6,8 @@ from typing import Any
 
 from br_serve.core import FinishedRequests, Prediction, build_policy
 from br_serve.engine.base import SamplingParams
-from br_serve.serve.messages import Admission, AdmitReply, ReplicaReport
-from br_serve.serve.sched_core import SchedulerCore
+from br_serve.serve.scheduler.core import SchedulerCore
+from br_serve.serve.wire.messages import Admission, AdmitReply, ReplicaReport
 from br_serve.transport.base import KVHandle
 
 

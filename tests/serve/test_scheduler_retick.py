@@ -6,8 +6,8 @@ import asyncio
 import time
 
 from br_serve.core import build_policy
-from br_serve.serve.sched_core import SchedulerCore
-from br_serve.serve.scheduler import Scheduler
+from br_serve.serve.scheduler.actor import Scheduler
+from br_serve.serve.scheduler.core import SchedulerCore
 from tests.serve.test_sched_core import _admission
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from br_serve.serve.stepstats import StepStats
+from br_serve.serve.scheduler.stepstats import StepStats
 
 
 def test_busy_steps_only_and_imbalance() -> None:

@@ -18,8 +18,8 @@ import pytest
 
 from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import parse_graph_config
-from br_serve.serve.messages import Admitted, PrefillOutput
-from br_serve.serve.streams import GenerateError, Streamer
+from br_serve.serve.frontend.streams import GenerateError, Streamer
+from br_serve.serve.wire.messages import Admitted, PrefillOutput
 from br_serve.transport.base import KVHandle
 from br_serve.transport.lease import KVLease
 
@@ -182,8 +182,8 @@ def test_sse_chunk_template_writes_the_same_bytes(chat: bool) -> None:
     json.dumps(oa.chunk_body(...)) writes."""
     import json
 
-    from br_serve.serve import openai_api as oa
-    from br_serve.serve.ingress import _ChunkTemplate
+    from br_serve.serve.frontend import openai_api as oa
+    from br_serve.serve.frontend.ingress import _ChunkTemplate
 
     tpl = _ChunkTemplate("cmpl-x", "br-emulated", chat)
     for text in (" t1", 'a"b\\', "é\n\u2028", ""):

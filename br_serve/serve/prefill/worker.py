@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from br_serve.engine.base import PrefillEngine, SamplingParams
-from br_serve.serve.messages import PrefillOutput
+from br_serve.serve.wire.messages import PrefillOutput
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
 

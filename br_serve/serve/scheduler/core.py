@@ -17,7 +17,7 @@
   the policy then sees the fitted coefficients in its snapshot (as in the simulator).
   Without it nothing of this runs.
 
-The scheduler actor (:mod:`br_serve.serve.scheduler`) feeds it RPCs and replica
+The scheduler actor (:mod:`br_serve.serve.scheduler.actor`) feeds it RPCs and replica
 answers and carries out the :class:`Dispatch` list each :meth:`SchedulerCore.tick`
 returns. State changes happen here only; every method is synchronous.
 """
@@ -35,10 +35,10 @@ import numpy.typing as npt
 from br_serve.core import FinishedRequests, PolicyBase, PoolFullError, PoolRequest, PromptPool
 from br_serve.core.calibration import Coefficients, StepCalibrator, with_coefficients
 from br_serve.core.predictor import TerminationPredictor
-from br_serve.serve.membership import Membership
-from br_serve.serve.messages import Admission, AdmitReply, ReplicaReport
-from br_serve.serve.mirror import Mirror
-from br_serve.serve.stepstats import StepStats
+from br_serve.serve.scheduler.membership import Membership
+from br_serve.serve.scheduler.mirror import Mirror
+from br_serve.serve.scheduler.stepstats import StepStats
+from br_serve.serve.wire.messages import Admission, AdmitReply, ReplicaReport
 
 #: ``submit``'s answer: ``queued``; ``duplicate`` (already queued or running:
 #: idempotent resubmission); ``full`` (pool at capacity: backpressure); ``no_replica``.

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from br_serve.engine.base import SamplingParams
-from br_serve.serve.stopping import OutputFilter
+from br_serve.serve.frontend.stopping import OutputFilter
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

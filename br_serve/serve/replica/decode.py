@@ -12,7 +12,7 @@ Contracts:
   a no-op: resubmission after a scheduler restart is idempotent), ``full`` (refused;
   the KV is untouched and the scheduler retries elsewhere) or ``failed`` (the pull
   failed; the owner gets a retryable :class:`StreamError`). Every request it took
-  ends finished or dropped in a later report (:mod:`br_serve.serve.replica_book`).
+  ends finished or dropped in a later report (:mod:`br_serve.serve.replica.book`).
 - Every KV handle ``admit`` pulls (or fails to pull) is released once, through the lease.
 - Every step ends in ``Barrier.exchange`` of the (load, running) each member computed
   that step with, whether it reports this step, and the compute time it measured for
@@ -26,7 +26,7 @@ Contracts:
   for admissions instead of stepping idle.
 - Events for a request go to the outbox of its ``owner`` (an ingress replica), which
   long-polls them with :meth:`DecodeReplica.poll` until the poll hands over the
-  owner's event channel (:mod:`br_serve.serve.channel`); then a pusher writes them to
+  owner's event channel (:mod:`br_serve.serve.wire.channel`); then a pusher writes them to
   it and the poll only shows liveness. An ``Admitted`` event precedes its tokens; a
   request that cannot continue ends with a ``StreamError``.
 - On a barrier failure the replica stops stepping, tells the scheduler, and waits for
@@ -49,9 +49,10 @@ import uuid
 from typing import Any
 
 from br_serve.engine.base import DecodeEngine
-from br_serve.serve.barrier import Barrier, BarrierError, open_store
-from br_serve.serve.channel import ChannelSpec, OwnerChannels, ReportPusher, encode_report
-from br_serve.serve.messages import (
+from br_serve.serve.replica.barrier import Barrier, BarrierError, open_store
+from br_serve.serve.replica.book import ReplicaBook, ReportClock, as_delta, build_report
+from br_serve.serve.wire.channel import ChannelSpec, OwnerChannels, ReportPusher, encode_report
+from br_serve.serve.wire.messages import (
     Admission,
     AdmitReply,
     Admitted,
@@ -59,7 +60,6 @@ from br_serve.serve.messages import (
     StreamError,
     WireEvent,
 )
-from br_serve.serve.replica_book import ReplicaBook, ReportClock, as_delta, build_report
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
 

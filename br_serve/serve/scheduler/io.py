@@ -1,6 +1,6 @@
 """The scheduler actor's I/O: replica handles, pings, barrier generations, dispatch.
 
-A mixin of :class:`br_serve.serve.scheduler.Scheduler`; every decision is the pure
+A mixin of :class:`br_serve.serve.scheduler.actor.Scheduler`; every decision is the pure
 :class:`SchedulerCore`'s, every wait here is bounded:
 
 - bootstrap looks each decode replica up by name for at most ``LOOKUP_S`` (a replica
@@ -16,7 +16,7 @@ A mixin of :class:`br_serve.serve.scheduler.Scheduler`; every decision is the pu
 - forming a generation is bounded by the barrier's join timeout, and retried among the
   replicas still alive;
 - the decode replicas report over the scheduler's report channel
-  (:mod:`br_serve.serve.channel`, ``event_channel=tcp``): bootstrap opens it, and it is
+  (:mod:`br_serve.serve.wire.channel`, ``event_channel=tcp``): bootstrap opens it, and it is
   announced to every member of every generation (and of an adopted one), so a
   replacement or a replica that lost it gets it again; a replica without it reports
   through Ray (:meth:`Scheduler.report`).
@@ -32,11 +32,11 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
-from br_serve.serve.channel import ChannelServer, ChannelSpec, decode_reports
 from br_serve.serve.config import GraphConfig
-from br_serve.serve.messages import AdmitReply, ReplicaReport
-from br_serve.serve.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
-from br_serve.serve.sched_core import Dispatch, SchedulerCore
+from br_serve.serve.scheduler.core import Dispatch, SchedulerCore
+from br_serve.serve.wire.channel import ChannelServer, ChannelSpec, decode_reports
+from br_serve.serve.wire.messages import AdmitReply, ReplicaReport
+from br_serve.serve.wire.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ reports for the scheduler, each over one TCP stream instead of a Ray call per st
 A Ray actor call costs this 2-core host about 1 ms of CPU on each side (measured:
 ``benchmarks/rpc_cost.py``), so the ingress's long-poll of every decode replica after
 every step was most of the graph's per-step CPU. Instead, an owner (an ingress
-replica's :class:`~br_serve.serve.streams.Streamer`) listens on one TCP port and each
+replica's :class:`~br_serve.serve.frontend.streams.Streamer`) listens on one TCP port and each
 decode replica writes that owner's events to it as length-prefixed msgpack frames, as
 vLLM's engine core does to its API server over ZeroMQ. The long-poll stays, once a
 second, for liveness and as the fallback when a replica cannot connect.
@@ -46,7 +46,7 @@ from typing import Any
 
 import msgpack
 
-from br_serve.serve.messages import Admitted, ReplicaReport, StreamError, WireEvent
+from br_serve.serve.wire.messages import Admitted, ReplicaReport, StreamError, WireEvent
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from typing import Any
 
 from br_serve.engine.base import SamplingParams
 from br_serve.engine.remote_spec import split_url
-from br_serve.serve.messages import PrefillOutput
-from br_serve.serve.prefill import over_context
+from br_serve.serve.prefill.worker import over_context
+from br_serve.serve.wire.messages import PrefillOutput
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
 

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from br_serve.core import Assignment, ClusterSnapshot, PoolRequest
 from br_serve.core.pool import PoolTicket
 from br_serve.core.state import ClusterState
-from br_serve.serve.messages import AdmitReply, ReplicaReport
+from br_serve.serve.wire.messages import AdmitReply, ReplicaReport
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from br_serve.serve.messages import ReplicaReport
+from br_serve.serve.wire.messages import ReplicaReport
 
 
 class Membership:

@@ -1,9 +1,9 @@
 """The ingress Streamer's background I/O: event long-polls, replica replacement, and the
-scheduler watch (a mixin of :class:`br_serve.serve.streams.Streamer`).
+scheduler watch (a mixin of :class:`br_serve.serve.frontend.streams.Streamer`).
 
 - One long-poll loop per decode replica fetches every event for this owner and routes
   it to the request's queue, until its poll hands the replica over to this owner's
-  event channel (:mod:`br_serve.serve.channel`, when ``channel_host`` is set): then
+  event channel (:mod:`br_serve.serve.wire.channel`, when ``channel_host`` is set): then
   the replica writes the events to a TCP stream (no Ray call per step) and the poll,
   once a second, only shows that it lives. Each channel's batches are applied after
   the reply of the poll that opened it, so every stream keeps its order; a channel
@@ -26,11 +26,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from br_serve.serve.channel import ACK_S, ChannelServer, ChannelSpec
-from br_serve.serve.gate import AdmissionGate
-from br_serve.serve.messages import Admission, Admitted
-from br_serve.serve.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
-from br_serve.serve.sched_io import SchedulerUnavailable
+from br_serve.serve.frontend.gate import AdmissionGate
+from br_serve.serve.scheduler.io import SchedulerUnavailable
+from br_serve.serve.wire.channel import ACK_S, ChannelServer, ChannelSpec
+from br_serve.serve.wire.messages import Admission, Admitted
+from br_serve.serve.wire.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What a decode replica has taken, and what its next report must say (pure, no Ray).
 
-The decode replica actor (:mod:`br_serve.serve.decode`) keeps one :class:`ReplicaBook`
+The decode replica actor (:mod:`br_serve.serve.replica.decode`) keeps one :class:`ReplicaBook`
 under its lock; its RPC handlers and its step thread both go through it. The book's
 promise, which the scheduler's mirror relies on to free every slot it counted: every
 request the replica *took* (``accept`` answered ``queued``) ends in exactly one of
@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from br_serve.engine.base import DecodeEngine, TokenEvent
-from br_serve.serve.messages import (
+from br_serve.serve.wire.messages import (
     Admission,
     AdmitStatus,
     ReplicaReport,

@@ -31,9 +31,9 @@ import numpy as np
 from br_serve.core import PolicyBase, PolicyContext, policy_class
 from br_serve.core.predictor import TerminationPredictor
 from br_serve.serve.config import GraphConfig, parse_graph_config
-from br_serve.serve.messages import Admission, ReplicaReport
-from br_serve.serve.sched_core import SchedulerCore, SubmitStatus, make_calibrator
-from br_serve.serve.sched_io import SchedulerIO
+from br_serve.serve.scheduler.core import SchedulerCore, SubmitStatus, make_calibrator
+from br_serve.serve.scheduler.io import SchedulerIO
+from br_serve.serve.wire.messages import Admission, ReplicaReport
 
 #: a replacement's constructor may still run (imports, engine set-up)
 PING_S_REPLACED = 60.0

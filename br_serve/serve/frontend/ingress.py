@@ -7,7 +7,7 @@ HTTP (FastAPI, wrapped as a Serve deployment in :mod:`br_serve.serve.graph`):
 request would be served now; 503 otherwise), ``GET /v1/br/state``. Errors use OpenAI's
 shape ``{"error": {"message", "type", "param", "code"}}``, unknown routes and wrong
 methods included: 400 bad JSON, a body that is not ``application/json``, a bad or
-unsupported field (named; see :mod:`br_serve.serve.openai_api`) or a prompt over the
+unsupported field (named; see :mod:`br_serve.serve.frontend.openai_api`) or a prompt over the
 context limit ("maximum context length", as vLLM), 401 missing or wrong API key (every
 path but ``/health`` and ``/ready``), 404 unknown model or route, 405 wrong method, 429
 the graph is at capacity (refused before any prefill work, with ``Retry-After``), 503
@@ -40,12 +40,12 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from br_serve.serve import openai_api as oa
 from br_serve.serve.actors import create_actors, replace_decode
 from br_serve.serve.config import parse_graph_config
-from br_serve.serve.responses import ClosingStreamingResponse
-from br_serve.serve.stopping import OutputFilter
-from br_serve.serve.streams import GenerateError, Streamer, Token
+from br_serve.serve.frontend import openai_api as oa
+from br_serve.serve.frontend.responses import ClosingStreamingResponse
+from br_serve.serve.frontend.stopping import OutputFilter
+from br_serve.serve.frontend.streams import GenerateError, Streamer, Token
 from br_serve.transport.lease import KVLease
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class Ingress:
         if self.cfg.is_remote:  # a clear error now, not a replica that never comes up
             import asyncio
 
-            from br_serve.serve.remote_prefill import check_endpoints
+            from br_serve.serve.prefill.remote import check_endpoints
 
             await asyncio.to_thread(check_endpoints, self.cfg.decode_urls, "decode_urls",
                                     self.cfg.remote_connect_s * 2, self.cfg.engine_api_key)

@@ -3,7 +3,7 @@ stream, recovery.
 
 :class:`Streamer` lives in each ingress replica (its ``owner`` id names it to the
 decode replicas); its background loops (event polls, replica replacement, scheduler
-watch) are in :mod:`br_serve.serve.events`.
+watch) are in :mod:`br_serve.serve.frontend.events`.
 
 Contracts of :meth:`Streamer.generate`:
 - yields :class:`Token` items with ``index`` 0, 1, 2, ... exactly once each (events
@@ -38,10 +38,10 @@ from typing import Any
 
 from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import GraphConfig
-from br_serve.serve.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
-from br_serve.serve.gate import AdmissionGate
-from br_serve.serve.messages import Admission, Admitted, PrefillOutput, StreamError
-from br_serve.serve.rpc import GONE
+from br_serve.serve.frontend.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
+from br_serve.serve.frontend.gate import AdmissionGate
+from br_serve.serve.wire.messages import Admission, Admitted, PrefillOutput, StreamError
+from br_serve.serve.wire.rpc import GONE
 from br_serve.transport.lease import KVLease
 
 __all__ = ["GenerateError", "Streamer", "Token"]
