@@ -58,10 +58,6 @@ class DyntraLBEngine:
         self.paused_request_steps = 0
         self.decoding_request_steps = 0
 
-    def blocks(self, st: ClusterState, rid: str) -> int:
-        g, s = st.where(rid)
-        return -(-int(st.prompt[g, s] + st.decoded[g, s]) // self.block_tokens)
-
     def bind(self, rid: str, rank: int, prompt_tokens: int) -> None:
         """A request the router bound to ``rank`` joins its waiting list."""
         self.waiting[rank].append(rid)
@@ -112,9 +108,15 @@ class DyntraLBEngine:
         self.busy_steps += 1
         if not active:
             return
-        ranks: list[tuple[list[tuple[Hashable, int]], list[tuple[Hashable, int]]]] = [
-            ([(r, self.blocks(st, r)) for r in run], [(r, self.blocks(st, r)) for r in wait])
-            for run, wait in zip(self.running, self.waiting, strict=True)]
+        bt = self.block_tokens
+        blk = (st.prompt + st.decoded + bt - 1) // bt
+        where = st.where
+
+        def rows(ids: list[str]) -> list[tuple[Hashable, int]]:
+            return [(r, int(blk[where(r)])) for r in ids]
+
+        ranks = [(rows(run), rows(wait))
+                 for run, wait in zip(self.running, self.waiting, strict=True)]
         self.pending = plan(ranks, self.threshold, self.max_running)
         self.planned_steps += 1
 
