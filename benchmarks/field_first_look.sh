@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The field's rules as simulator policies, a first look (docs/core.md, "The field's
 # rules"): a stationary saturated ensemble (K = 8) and the capacity at the SLO of
-# docs/results.md (K = 4) of every field rule, DyntraLB under jsq and under
+# docs/results.md (K = 8) of every field rule, DyntraLB under jsq and under
 # sglang_total_tokens, and br0, at G = 8 on ServeGen R1 (outputs > 1000) and Mooncake
 # conversation. Writes results/field/*.json. Usage: bash benchmarks/field_first_look.sh
 # [CELL...] with CELL in r1-stationary mooncake-stationary r1-capacity mooncake-capacity.
@@ -41,8 +41,8 @@ run r1-stationary nice -n 10 "$BR" sim "${R1[@]}" "${COMMON[@]}" --stationary --
 run mooncake-stationary nice -n 10 "$BR" sim "${MC[@]}" "${COMMON[@]}" --stationary \
   --replays 8 --limit 2304
 run r1-capacity nice -n 10 "$BR" capacity "${R1[@]}" "${COMMON[@]}" --replay-mode window \
-  --limit 1000 --replays 4 --slo-tpot-p95-ms 61 --slo-ttft-p95-s 10 --rate-tol 0.03 \
+  --limit 1000 --replays 8 --slo-tpot-p95-ms 61 --slo-ttft-p95-s 10 --rate-tol 0.03 \
   --rate-lo-req-s 0.2 --rate-hi-req-s 1.0
 run mooncake-capacity nice -n 10 "$BR" capacity "${MC[@]}" "${COMMON[@]}" --replay-mode window \
-  --limit 1000 --replays 4 --slo-tpot-p95-ms 159.6 --slo-ttft-p95-s 10 --rate-tol 0.03 \
+  --limit 1000 --replays 8 --slo-tpot-p95-ms 159.6 --slo-ttft-p95-s 10 --rate-tol 0.03 \
   --rate-lo-req-s 1.0 --rate-hi-req-s 4.0
