@@ -34,7 +34,8 @@ def test_the_light_rank_swaps_a_small_request_for_a_waiting_big_one() -> None:
 def test_the_heavy_rank_drops_a_request_when_that_raises_the_estimated_rate() -> None:
     # 11 running: 2000 blocks on A and ten 1-block requests on B. Pausing the 2000
     # lifts 11 / (20000 + 19.2 * 2000) to 10 / (20000 + 19.2 * 10)
-    ranks = [([("big", 2000)], []), ([(f"s{i}", 1) for i in range(10)], [])]
+    ranks: list[tuple[list[tuple[str, int]], list[tuple[str, int]]]] = [
+        ([("big", 2000)], []), ([(f"s{i}", 1) for i in range(10)], [])]
     out = plan(ranks, threshold=5)
     assert out[0] == RankPlan(pause=("big",), admit=(), freeze=True)
     assert out[1] == RankPlan()

@@ -4,13 +4,14 @@ is what the real rule picks, worked out from the source each policy's docstring 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from br_serve.core import ClusterSnapshot, PolicyContext, PoolRequest, PromptPool, build_policy
 
 
-def _pool(*prompts: int, hash_ids: list[tuple[int, ...]] | None = None,
+def _pool(*prompts: int, hash_ids: Sequence[tuple[int, ...]] | None = None,
           start: int = 0) -> PromptPool:
     pool = PromptPool(1000)
     for i, s in enumerate(prompts):
@@ -20,7 +21,7 @@ def _pool(*prompts: int, hash_ids: list[tuple[int, ...]] | None = None,
 
 
 def _picks(name: str, cluster: ClusterSnapshot, pool: PromptPool, now_s: float = 0.0,
-           options: dict[str, object] | None = None, policy: object = None
+           options: Mapping[str, object] | None = None, policy: object = None
            ) -> list[tuple[str, int]]:
     pol = policy or build_policy(name, options, PolicyContext(rng=np.random.default_rng(0)))
     res = pol.schedule(cluster, pool, now_s, 0)  # type: ignore[attr-defined]
