@@ -4,7 +4,8 @@
 # docs/results.md (K = 8) of every field rule, DyntraLB under jsq and under
 # sglang_total_tokens, and br0, at G = 8 on ServeGen R1 (outputs > 1000) and Mooncake
 # conversation. Writes results/field/*.json. Usage: bash benchmarks/field_first_look.sh
-# [CELL...] with CELL in r1-stationary mooncake-stationary r1-capacity mooncake-capacity.
+# [CELL...] with CELL in r1-stationary mooncake-stationary r1-capacity mooncake-capacity
+# r1-least-load-capacity mooncake-least-load-capacity.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BR=${BR:-.venv/bin/br-serve}
@@ -26,10 +27,12 @@ done
 R1=(--trace "$TRACES/servegen/deepseek_r1_5rps_1h.csv" --min-output 1001)
 MC=(--trace "$TRACES/mooncake/conversation_trace.jsonl")
 COMMON=(--replicas 8 --policies "$POLICIES" "${DL[@]}" --jobs "$JOBS" --no-plots)
+ALL_CELLS="r1-stationary mooncake-stationary r1-capacity mooncake-capacity"
+ALL_CELLS+=" r1-least-load-capacity mooncake-least-load-capacity"
 mkdir -p "$OUT"
 run() {
   local cell=$1; shift
-  case " ${CELLS:-r1-stationary mooncake-stationary r1-capacity mooncake-capacity} " in
+  case " ${CELLS:-$ALL_CELLS} " in
     *" $cell "*) ;; *) return 0 ;; esac
   echo "== $cell" >&2
   "$@" --out "$TMP/$cell"
@@ -43,6 +46,16 @@ run mooncake-stationary nice -n 10 "$BR" sim "${MC[@]}" "${COMMON[@]}" --station
 run r1-capacity nice -n 10 "$BR" capacity "${R1[@]}" "${COMMON[@]}" --replay-mode window \
   --limit 1000 --replays 8 --slo-tpot-p95-ms 61 --slo-ttft-p95-s 10 --rate-tol 0.03 \
   --rate-lo-req-s 0.2 --rate-hi-req-s 1.0
+# smg_least_load's KV term needs the engines' KV pool size (the simulated ranks have no KV
+# limit): the same rule with a 2^19-token pool per rank, against jsq and the default
+LL=(--replicas 8 --policies jsq,smg_least_load,ll-kv=smg_least_load
+    --policy-option ll-kv.kv_capacity_tokens=524288 --jobs "$JOBS" --no-plots)
+run r1-least-load-capacity nice -n 10 "$BR" capacity "${R1[@]}" "${LL[@]}" \
+  --replay-mode window --limit 1000 --replays 8 --slo-tpot-p95-ms 61 --slo-ttft-p95-s 10 \
+  --rate-tol 0.03 --rate-lo-req-s 0.05 --rate-hi-req-s 1.0
+run mooncake-least-load-capacity nice -n 10 "$BR" capacity "${MC[@]}" "${LL[@]}" \
+  --replay-mode window --limit 1000 --replays 8 --slo-tpot-p95-ms 159.6 --slo-ttft-p95-s 10 \
+  --rate-tol 0.03 --rate-lo-req-s 0.25 --rate-hi-req-s 4.0
 run mooncake-capacity nice -n 10 "$BR" capacity "${MC[@]}" "${COMMON[@]}" --replay-mode window \
   --limit 1000 --replays 8 --slo-tpot-p95-ms 159.6 --slo-ttft-p95-s 10 --rate-tol 0.03 \
   --rate-lo-req-s 1.0 --rate-hi-req-s 4.0

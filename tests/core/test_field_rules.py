@@ -72,6 +72,11 @@ def test_least_load_kv_pressure_and_exact_tokens() -> None:
     none = _picks("smg_least_load", c, _pool(10, 10, 10),
                   options={"load_reports": "none"})
     assert [g for _, g in none] == [0, 1, 0]  # JSQ on in-flight counts
+    # no KV limit: the capacity option gives the polled k; 300 / 1000 beats 800 / 1000
+    c2 = ClusterSnapshot.build([800, 300], [2, 2], 16, step_a_s_per_token=0.0)
+    assert _picks("smg_least_load", c2, _pool(10))[0][1] == 0  # no KV term: tie -> 0
+    assert _picks("smg_least_load", c2, _pool(10),
+                  options={"kv_capacity_tokens": 1000})[0][1] == 1
 
 
 def test_power_of_two_uses_the_stale_poll_for_a_whole_interval() -> None:

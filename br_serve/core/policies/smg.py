@@ -140,6 +140,10 @@ class LeastLoadOptions(Options):
         "(mean_prefill_tokens, the HTTP path) or 'prompt' (its prompt's tokens, the gRPC "
         "path, which knows them)")
     load_reports: Literal["rank", "none"] = option("rank", doc=_REPORTS_DOC)
+    kv_capacity_tokens: int | None = option(
+        None, ge=1, doc="a rank's KV pool in tokens as its engine reports it "
+        "(max_total_num_tokens), for the KV use k = used / capacity; None: the simulated "
+        "rank's KV limit, so no KV term without --kv-limit (a real engine always has one)")
 
 
 @register_policy("smg_least_load")
@@ -151,7 +155,9 @@ class SmgLeastLoad(_Polled[LeastLoadOptions]):
     dispatched to the rank since its last poll (reset by each poll);
     ``throughput``: the rank's polled decode rate (``default_throughput`` when 0);
     ``k``: its polled KV use, clamped to 0.999. With no report at all it is JSQ on the
-    router's live in-flight request counts."""
+    router's live in-flight request counts. Without a KV term (no KV capacity) every
+    score is 0 right after a poll, so the first request after each poll goes to the
+    lowest rank whatever its load (the real rule's tie-break)."""
 
     Options = LeastLoadOptions
 
@@ -164,10 +170,12 @@ class SmgLeastLoad(_Polled[LeastLoadOptions]):
         if o.load_reports == "none":
             return min(feasible, key=lambda g: (led.running[g], g))
         p = self.poll
+        cap = o.kv_capacity_tokens
 
         def score(g: int) -> tuple[float, int]:
             thr = p.gen_tok_s[g] if p.gen_tok_s[g] > 0 else o.default_throughput
-            k = min(max(p.kv_usage[g], 0.0), 0.999)
+            k = min(max(p.kv_usage[g] if cap is None else p.used_tokens[g] / cap, 0.0),
+                    0.999)
             return self._inflight[g] / thr + o.kv_pressure_weight * k / (1.0 - k), g
 
         g = min(feasible, key=score)
