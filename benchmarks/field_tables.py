@@ -24,7 +24,7 @@ def _num(x: Any, fmt: str) -> str:
 
 def stationary_table(doc: dict[str, Any]) -> str:
     rows = ["| policy | tok/s | gain vs jsq (95% CI) | barrier idle | TPOT P95 ms | "
-            "TTFT P95 s | waiting share |", "|---|---|---|---|---|---|---|"]
+            "TTFT P95 s | waiting share | deferral flagged |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(doc["ensemble"], key=lambda r: -(r["throughput_tok_s_mean"] or 0)):
         ci = r.get("gain_vs_baseline_ci95")
         gain = ("baseline" if r["label"] == doc["baseline"] else
@@ -35,7 +35,8 @@ def stationary_table(doc: dict[str, Any]) -> str:
                     f"{_num(r['barrier_idle_share_mean'], '.1%')} | "
                     f"{_num(r['tpot_p95_ms_mean'], '.1f')} | "
                     f"{_num(None if ttft is None else ttft / 1e3, '.1f')} | "
-                    f"{_num(r.get('dyntralb_waiting_share_mean'), '.1%')} |")
+                    f"{_num(r.get('dyntralb_waiting_share_mean'), '.1%')} | "
+                    f"{_num(r.get('unrepresentative_share'), '.0%')} |")
     return "\n".join(rows)
 
 
@@ -61,14 +62,16 @@ def best_field(doc: dict[str, Any], key: str) -> str:
 def main(folder: str = "results/field") -> int:
     base = Path(folder)
     for wl, title in WORKLOADS:
-        for cell, render in (("stationary", stationary_table), ("capacity", capacity_table)):
+        for cell, render in (("stationary", stationary_table), ("capacity", capacity_table),
+                             ("least-load-capacity", capacity_table)):
             p = base / f"{wl}-{cell}.json"
             if not p.exists():
                 print(f"<!-- {p} missing -->\n")
                 continue
             doc = json.loads(p.read_text())
             key = "throughput_tok_s_mean" if cell == "stationary" else "capacity_req_s"
-            print(f"**{title}, {cell}** (best field rule: {best_field(doc, key)})\n")
+            best = "" if cell.startswith("least") else f" (best field rule: {best_field(doc, key)})"
+            print(f"**{title}, {cell}**{best}\n")
             print(render(doc) + "\n")
     return 0
 
