@@ -97,7 +97,7 @@ class SmgPowerOfTwoOptions(Options):
 @register_policy("smg_power_of_two")
 class SmgPowerOfTwo(_Polled[SmgPowerOfTwoOptions]):
     """``power_of_two`` (power_of_two.rs): two distinct ranks drawn uniformly; the one
-    with the lower polled KV use wins, the first drawn on a tie. smg >= 1.x compares
+    with the lower polled KV use wins, the first drawn on a tie. smg 1.9 compares
     the token-usage ratio (used / capacity), sglang-router 0.3.2 the absolute
     ``num_tokens`` of ``/get_load`` polled every 30 s (``--worker-startup-check-
     interval``): the same order on equal ranks. Nothing is added between polls, so a
