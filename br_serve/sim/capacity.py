@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from br_serve.sim.ensemble import check_baseline, cluster_key
+from br_serve.sim.ensemble import check_baseline, cluster_key, engine_options
 from br_serve.sim.replays import make_replays
 from br_serve.sim.runner import Runner, RunSpec, Task
 from br_serve.traces import Trace
@@ -214,6 +214,7 @@ class _Search:
         row: dict[str, Any] = {"label": spec.name, "policy": c.policy,
                                "predictor": c.predictor, "replicas": c.replicas,
                                "slots": c.slots, "policy_options": dict(c.policy_options),
+                               "engine_options": engine_options(c),
                                "rate_lo_req_s": self.lo0, "rate_hi_req_s": self.hi0,
                                "rel_tol": br.rel_tol}
         at = self.evals.get(self.lo)

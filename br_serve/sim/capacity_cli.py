@@ -46,10 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from br_serve.sim.capacity import SLO, Bracket, capacity
-    from br_serve.sim.cli import cluster_configs, load_cli_trace, trace_meta
+    from br_serve.sim.cli import cluster_specs, load_cli_trace, trace_meta
     from br_serve.sim.ensemble_cli import replay_mode
     from br_serve.sim.ensemble_output import capacity_table, plot_capacity
-    from br_serve.sim.runner import RunSpec, default_jobs
+    from br_serve.sim.runner import default_jobs
     from br_serve.traces import load_trace
 
     slo = SLO(tpot_p95_ms=args.slo_tpot_p95_ms, ttft_p95_s=args.slo_ttft_p95_s)
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--limit: --replay-mode window needs the window length")
     trace = load_cli_trace(args, limit=mode != "window")
     history = load_trace(args.warm_start, skip_bad=args.skip_bad) if args.warm_start else None
-    specs = [RunSpec(c) for c in cluster_configs(args, saturated=False)]
+    specs = cluster_specs(args, saturated=False)
     replays = 8 if args.replays is None else args.replays
     t0 = time.perf_counter()
     say = (lambda m: print(f"capacity: {m}", file=sys.stderr, flush=True)) if args.progress \

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from br_serve.sim.config import SimConfig
+    from br_serve.sim.runner import RunSpec
     from br_serve.traces import Trace
 
 
@@ -103,6 +104,10 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable): KEY for every listed policy that has "
                    "it, POLICY.KEY for one, e.g. r_max=4 or brh.gamma=0.97")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="decode-rank scheduling (repeatable): KEY for every run, ENTRY.KEY "
+                   "for one --policies entry (a policy or a LABEL=POLICY variant), e.g. "
+                   "jsq-dl.dyntralb_bubble_threshold_blocks=5 (docs/simulator.md)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--progress", action="store_true", help="progress on stderr")
     p.add_argument("--out", required=True, help="output directory")
@@ -164,19 +169,56 @@ def load_cli_trace(args: argparse.Namespace, limit: bool = True) -> Trace:
 
 def cluster_configs(args: argparse.Namespace, saturated: bool) -> list[SimConfig]:
     """One validated config per planned (policy, predictor) x ``--replicas``."""
+    specs = cluster_specs(args, saturated)
+    named = [s.label for s in specs if s.label]
+    if named:  # a SimConfig is labelled by its policy: two variants would collide
+        raise ValueError(f"--policies: named variants ({', '.join(dict.fromkeys(named))}) "
+                         "need --replays (an ensemble), or run each separately")
+    return [s.config for s in specs]
+
+
+def cluster_specs(args: argparse.Namespace, saturated: bool) -> list[RunSpec]:
+    """One labelled run per planned (policy entry, predictor) x ``--replicas``; a
+    ``LABEL=POLICY`` entry's runs carry ``LABEL`` (``LABEL+PREDICTOR``)."""
     from br_serve.config.plan import parse_key_values, plan_policy_runs
-    from br_serve.sim.config import parse_sim_config
+    from br_serve.sim.runner import RunSpec
 
     options = parse_key_values(args.policy_option)
     if args.horizon is not None:
         options.setdefault("horizon", str(args.horizon))
     preds = _csv(args.predictor) if args.predictor else [None]
     runs = plan_policy_runs(_csv(args.policies), options, preds)
-    named = [r.variant for r in runs if r.variant]
-    if named:  # a SimConfig is labelled by its policy: two variants would collide
-        raise ValueError(f"--policies: named variants ({', '.join(named)}) are not "
-                         "supported here (bench-serve takes them); run each separately")
-    return [parse_sim_config(
+    engine = _engine_options(args, [r.variant or r.policy for r in runs])
+    return [RunSpec(_config(args, saturated, run, g, engine.get(run.variant or run.policy,
+                                                                {})),
+                    run.label if run.variant else "")
+            for g in _ints("replicas", args.replicas) for run in runs]
+
+
+def _engine_options(args: argparse.Namespace, entries: list[str]) -> dict[str, dict[str, Any]]:
+    """``--engine-option`` per entry key; refuses unknown fields and entries by name."""
+    from br_serve.config.plan import parse_key_values
+    from br_serve.sim.config import ENGINE_FIELDS
+
+    out: dict[str, dict[str, Any]] = {e: {} for e in entries}
+    for key, value in parse_key_values(args.engine_option, "--engine-option").items():
+        entry, dot, field = key.rpartition(".")
+        if field not in ENGINE_FIELDS:
+            raise ValueError(f"--engine-option: {field!r} is not an engine option (known: "
+                             f"{', '.join(sorted(ENGINE_FIELDS))})")
+        if dot and entry not in out:
+            raise ValueError(f"--engine-option: {key!r} names no --policies entry (entries: "
+                             f"{', '.join(dict.fromkeys(entries))})")
+        for e in ([entry] if dot else list(out)):
+            out[e][field] = value
+    return out
+
+
+def _config(args: argparse.Namespace, saturated: bool, run: Any, g: int,
+            engine: dict[str, Any]) -> SimConfig:
+    from br_serve.sim.config import parse_sim_config
+
+    return parse_sim_config(
         policy=run.policy, policy_options=run.options, predictor=run.predictor,
         predictor_model_path=args.predictor_model,
         replicas=g, slots=args.slots, kv_limit_tokens=args.kv_limit,
@@ -188,8 +230,7 @@ def cluster_configs(args: argparse.Namespace, saturated: bool) -> list[SimConfig
         step_noise_cv=args.step_noise_cv,
         prefill_replicas=args.prefill_replicas,
         prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
-        pool_capacity=args.pool_capacity)
-        for g in _ints("replicas", args.replicas) for run in runs]
+        pool_capacity=args.pool_capacity, **engine)
 
 
 def trace_meta(args: argparse.Namespace, trace: Trace) -> dict[str, Any]:
@@ -216,9 +257,10 @@ def run(args: argparse.Namespace) -> int:
     windows = ensemble and replay_mode(args, saturated) == "window"
     trace = load_cli_trace(args, limit=not windows)
     history = load_trace(args.warm_start, skip_bad=args.skip_bad) if args.warm_start else None
-    configs = cluster_configs(args, saturated)
     if ensemble:
-        return run_sim_ensemble(args, trace, configs, history, trace_meta(args, trace))
+        return run_sim_ensemble(args, trace, cluster_specs(args, saturated), history,
+                                trace_meta(args, trace))
+    configs = cluster_configs(args, saturated)
     results = []
     for cfg in configs:
         t0 = time.perf_counter()

@@ -39,119 +39,15 @@ from br_serve.core.calibration import StepCalibrator, with_coefficients
 from br_serve.core.predictor import reads_true_remaining
 from br_serve.core.state import ClusterState
 from br_serve.sim.config import SimConfig
+from br_serve.sim.dyntralb import DyntraLBEngine
 from br_serve.sim.feed import BacklogFeeder, PrefillFeeder
 from br_serve.sim.perturb import StepPerturbation
 from br_serve.sim.predict import build_predictor, prefix_hashes
-from br_serve.sim.result import SimResult, StepSeries
+from br_serve.sim.result import SimResult
+from br_serve.sim.steps import Steps
 from br_serve.traces import Trace
 
 _NEVER = np.iinfo(np.int64).max
-
-
-class _Steps:
-    """Accumulates per-step columns, one numpy chunk per stretch.
-
-    ``perturb`` multiplies each replica's modelled step time by its drift and noise
-    factors (:mod:`br_serve.sim.perturb`)."""
-
-    def __init__(self, perturb: StepPerturbation | None = None,
-                 calibrator: StepCalibrator | None = None) -> None:
-        self.perturb = perturb if perturb is not None and perturb.active else None
-        #: fed every step's per-replica (load, running, compute time), as the live
-        #: scheduler is fed by the replicas' reports
-        self.calibrator = calibrator
-        self.chunks: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("tau_s", "balanced_tau_s", "max_load_tokens", "sum_load_tokens",
-                            "imbalance_tokens", "running", "pool")}
-        self.sample_t: list[float] = []
-        self.sample_step: list[int] = []
-        self.sample_loads: list[np.ndarray] = []
-
-    def stretch(self, st: ClusterState, load_i: np.ndarray, cnt_i: np.ndarray,
-                n: int, t: float, step: int, pool_len: int,
-                deadline_s: float | None) -> tuple[int, float]:
-        """Record up to ``n`` steps from loads ``load_i`` / counts ``cnt_i``; stop early
-        after the step that ends at or past ``deadline_s``. Returns (steps, end time)."""
-        alive = st.alive
-        all_alive = bool(alive.all())
-        load = (load_i if all_alive else load_i[alive]).astype(np.float64)
-        cnt = (cnt_i if all_alive else cnt_i[alive]).astype(np.float64)
-        a = st.step_a if all_alive else st.step_a[alive]
-        b = st.step_b if all_alive else st.step_b[alive]
-        c = st.step_c if all_alive else st.step_c[alive]
-        base = a * load + (c * cnt + b)
-        pf = None
-        if self.perturb is not None:
-            pf = self.perturb.factors(step, n)
-            pf = pf if all_alive else pf[alive]
-        ch = self.chunks
-        if n == 1:  # the common case between close events: no 2-D work
-            if pf is not None:
-                base = base * pf[:, 0]
-            tau1 = float(base.max())
-            mx = float(load.max())
-            sm = float(load.sum())
-            ch["tau_s"].append(np.array([tau1]))
-            ch["balanced_tau_s"].append(np.array([float(base.mean())]))
-            ch["max_load_tokens"].append(np.array([mx]))
-            ch["sum_load_tokens"].append(np.array([sm]))
-            ch["imbalance_tokens"].append(np.array([load.shape[0] * mx - sm]))
-            ends_last = t + tau1
-            if self.calibrator is not None:
-                self._observe(alive, load[:, None], cnt, base[:, None])
-        else:
-            j = np.arange(n, dtype=np.float64)
-            loads = load[:, None] + cnt[:, None] * j[None, :]
-            per = base[:, None] + (a * cnt)[:, None] * j[None, :]
-            if pf is not None:
-                per = per * pf
-            tau = per.max(axis=0)
-            ends = t + np.cumsum(tau)
-            if deadline_s is not None:
-                hit = int(np.searchsorted(ends, deadline_s, side="left"))
-                if hit < n:
-                    n = hit + 1
-                    tau, loads, per, ends = tau[:n], loads[:, :n], per[:, :n], ends[:n]
-            mx_a = loads.max(axis=0)
-            sm_a = loads.sum(axis=0)
-            ch["tau_s"].append(tau)
-            ch["balanced_tau_s"].append(per.mean(axis=0))
-            ch["max_load_tokens"].append(mx_a)
-            ch["sum_load_tokens"].append(sm_a)
-            ch["imbalance_tokens"].append(load.shape[0] * mx_a - sm_a)
-            ends_last = float(ends[-1])
-            if self.calibrator is not None:
-                self._observe(alive, loads, cnt, per)
-        ch["running"].append(np.full(n, int(cnt.sum()), dtype=np.int64))
-        ch["pool"].append(np.full(n, pool_len, dtype=np.int64))
-        self.sample_t.append(t)
-        self.sample_step.append(step)
-        self.sample_loads.append(load_i)
-        return n, ends_last
-
-    def _observe(self, alive: np.ndarray, loads: np.ndarray, cnt: np.ndarray,
-                 per: np.ndarray) -> None:
-        """Feed the calibrator step by step (rows: alive replicas; columns: steps)."""
-        assert self.calibrator is not None
-        g = alive.shape[0]
-        full_l, full_t = np.zeros(g), np.zeros(g)
-        full_n = np.zeros(g)
-        full_n[alive] = cnt
-        for j in range(per.shape[1]):
-            full_l[alive] = loads[:, j]
-            full_t[alive] = per[:, j]
-            self.calibrator.update(full_l, full_n, full_t, mask=alive)
-
-    def series(self) -> StepSeries:
-        cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.chunks.items()}
-        loads = (np.stack(self.sample_loads) if self.sample_loads
-                 else np.zeros((0, 0), dtype=np.int64))
-        return StepSeries(
-            tau_s=cat["tau_s"], balanced_tau_s=cat["balanced_tau_s"],
-            max_load_tokens=cat["max_load_tokens"], sum_load_tokens=cat["sum_load_tokens"],
-            imbalance_tokens=cat["imbalance_tokens"], running=cat["running"].astype(np.int64),
-            pool=cat["pool"].astype(np.int64), sample_t_s=np.asarray(self.sample_t),
-            sample_step=np.asarray(self.sample_step, dtype=np.int64), sample_loads=loads)
 
 
 def _ro(a: np.ndarray) -> np.ndarray:
@@ -263,7 +159,9 @@ def simulate(trace: Trace, config: SimConfig, *,
     detail = needs.running_detail
     oracle = detail and pred is not None and reads_true_remaining(pred)
 
-    st = ClusterState(g, config.slots, kv, *config.coefficients(g))
+    st = ClusterState(g, config.rank_capacity, kv, *config.coefficients(g))
+    dl = _dyntralb(config)
+    finish_step = np.full(n, -1, dtype=np.int64) if dl is not None else None
     calib = (StepCalibrator(g, st.step_a, st.step_c, st.step_b)
              if needs.calibrated_step_costs else None)
     arrival = trace.arrival_s if not config.saturated else np.zeros(n)
@@ -301,7 +199,7 @@ def simulate(trace: Trace, config: SimConfig, *,
     replica = np.full(n, -1, dtype=np.int64)
     tick_ns: list[int] = []
     pred_failed = 0
-    steps = _Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
+    steps = Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
                                     config.seed), calib)
     t, k = 0.0, 0
     steady_steps: int | None = None
@@ -339,7 +237,10 @@ def simulate(trace: Trace, config: SimConfig, *,
                               strict=True):
                 i = int(a.request_id[1:])
                 st.admit(a, req, output_tokens=output_l[i])
-                admit_step[i] = k + lag.add(a)
+                if dl is None:
+                    admit_step[i] = k + lag.add(a)
+                else:  # its first token comes when DyntraLB's rank first runs it
+                    dl.bind(a.request_id, a.replica, a.prompt_tokens)
                 replica[i] = a.replica
                 enqueue_s[i] = req.enqueued_s
             cnt = st.running_requests()
@@ -350,6 +251,8 @@ def simulate(trace: Trace, config: SimConfig, *,
             steady_steps = k
         occ = st.occupied
         if not cnt.any():
+            if dl is not None:
+                dl.end_step(st, idle=True)
             if feeder.exhausted and not len(pool):
                 break
             nxt = _earliest(feeder.next_event_s(), retick)
@@ -373,15 +276,25 @@ def simulate(trace: Trace, config: SimConfig, *,
         rem = int(np.where(occ, st.target - st.decoded, _NEVER).min())
         # one step at a time while any request waits: its delay ends at the next one
         todo = 1 if lag.pending else min(rem, config.max_stretch_steps)
+        active = None
+        if dl is not None:  # DyntraLB decides which bound requests decode, step by step
+            active = dl.begin_step(st)
+            step_load = ((st.prompt + st.decoded) * active).sum(axis=1)
+            step_cnt = active.sum(axis=1)
+            todo = 1
         deadline = _earliest(feeder.next_event_s(), retick) if fast.free(cnt) > 0 else None
         took, t = steps.stretch(st, step_load, step_cnt, todo, t, k, len(pool),
                                 deadline)
-        st.advance(took)
+        st.advance(took, where=active)
         lag.stepped(st)
         k += took
-        if took < rem:
-            continue
-        done = st.finished_by_target()
+        done = st.finished_by_target() if took >= rem else []
+        if dl is not None:
+            assert active is not None and finish_step is not None
+            _first_tokens(st, active, admit_step, k - 1)
+            for rid in done:
+                finish_step[int(rid[1:])] = k - 1
+                dl.finish(rid, st.where(rid)[0])
         if done:
             changed = True
             rows = [int(r[1:]) for r in done]
@@ -397,6 +310,8 @@ def simulate(trace: Trace, config: SimConfig, *,
                     prefix_hash=np.asarray([prefix[i] for i in rows], dtype=np.int64),
                     finish_s=np.full(len(rows), t),
                     hash_ids=None if hids is None else tuple(hids[i] for i in rows)))
+        if dl is not None:
+            dl.end_step(st, idle=False)
     if bar is not None:
         bar.close()
     series = steps.series()
@@ -407,4 +322,24 @@ def simulate(trace: Trace, config: SimConfig, *,
         enqueue_s=enqueue_s, steps=series, tick_ns=np.asarray(tick_ns, dtype=np.int64),
         steady_steps=steady_steps, wall_s=time.perf_counter() - wall0,
         predictor_failed_ticks=pred_failed, enqueue_step=enqueue_step,
-        enqueue_order=enqueue_order, prompt_tokens=np.asarray(prompt))
+        enqueue_order=enqueue_order, prompt_tokens=np.asarray(prompt),
+        finish_step=finish_step, engine_stats=None if dl is None else dl.stats())
+
+
+def _dyntralb(config: SimConfig) -> DyntraLBEngine | None:
+    if config.dyntralb_bubble_threshold_blocks is None:
+        return None
+    return DyntraLBEngine(config.replicas, config.slots,
+                          config.dyntralb_bubble_threshold_blocks,
+                          config.dyntralb_block_tokens, config.dyntralb_mode,
+                          config.dyntralb_start_step, config.dyntralb_long_request_blocks,
+                          config.dyntralb_dynamic_max_steps)
+
+
+def _first_tokens(st: ClusterState, active: np.ndarray, first_step: np.ndarray,
+                  step: int) -> None:
+    """Record ``step`` as the first decode step of requests that just produced their
+    first token."""
+    gi, si = np.nonzero(active & (st.decoded == 1))
+    for g, s in zip(gi.tolist(), si.tolist(), strict=True):
+        first_step[int(str(st.ids[g][s])[1:])] = step

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from br_serve.sim.config import SimConfig
+from br_serve.sim.config import ENGINE_FIELDS, SimConfig
 from br_serve.sim.replays import Replay, make_replays
 from br_serve.sim.runner import Runner, RunSpec, Task
 from br_serve.sim.stationary import Stationary
@@ -41,13 +41,14 @@ METRICS = (
     "pool_age_mean_s_first", "pool_age_mean_s_last",
     "admitted_vs_offered_prompt", "admitted_vs_offered_output",
     "drain_throughput_tok_s", "whole_run_throughput_tok_s", "makespan_s",
-    "tick_p50_us", "tick_p99_us",
+    "tick_p50_us", "tick_p99_us", "dyntralb_waiting_share",
 )
 
-#: SimConfig fields that describe the policy rather than the cluster: runs that differ
-#: only in these are paired.
+#: SimConfig fields that describe the contender rather than the cluster: the router's
+#: policy and the decode ranks' own scheduling (DyntraLB). Runs that differ only in
+#: these are paired.
 POLICY_FIELDS = frozenset({"policy", "policy_options", "predictor", "predictor_options",
-                           "predictor_model_path", "seed"})
+                           "predictor_model_path", "seed"}) | ENGINE_FIELDS
 
 
 def cluster_key(cfg: SimConfig) -> tuple[tuple[str, Any], ...]:
@@ -134,6 +135,11 @@ def paired_gain(runs: Sequence[dict[str, Any]], label: str, against: str,
     return paired([a[r] / b[r] - 1.0 for r in sorted(a)])
 
 
+def engine_options(cfg: SimConfig) -> dict[str, Any]:
+    """The decode ranks' scheduling options set away from their defaults."""
+    return cfg.model_dump(include=set(ENGINE_FIELDS), exclude_defaults=True)
+
+
 def check_baseline(specs: Sequence[RunSpec], baseline: str) -> None:
     names = [s.name for s in specs]
     if baseline not in names:
@@ -216,6 +222,7 @@ def _row(spec: RunSpec, mine: list[dict[str, Any]], base: list[dict[str, Any]] |
         "mode": first["mode"], "replays": len(mine),
         "baseline": baseline if base is not None else None,
         "policy_options": dict(spec.config.policy_options),
+        "engine_options": engine_options(spec.config),
     }
     for m in METRICS:
         row[f"{m}_mean"], row[f"{m}_se"] = _mean_se([r.get(m) for r in mine])

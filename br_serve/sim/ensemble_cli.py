@@ -69,7 +69,7 @@ def _limit(args: argparse.Namespace, mode: str) -> int | None:
     return args.limit if mode == "window" else None
 
 
-def run_sim_ensemble(args: argparse.Namespace, trace: Trace, configs: Sequence[SimConfig],
+def run_sim_ensemble(args: argparse.Namespace, trace: Trace, specs: Sequence[RunSpec],
                      history: Trace | None, meta: dict[str, Any]) -> int:
     """``br-serve sim`` with replays: run, print, write (see the module docstring)."""
     from br_serve.sim.ensemble import run_ensemble
@@ -81,7 +81,6 @@ def run_sim_ensemble(args: argparse.Namespace, trace: Trace, configs: Sequence[S
     saturated = args.saturated or stationary is not None
     mode = replay_mode(args, saturated)
     k = 1 if args.replays is None else args.replays
-    specs = [RunSpec(c) for c in configs]
     t0 = time.perf_counter()
     ens = run_ensemble(trace, specs, replays=k, replay_mode=mode, limit=_limit(args, mode),
                        jitter_ms=args.jitter_ms, seed=args.seed, baseline=args.baseline,

@@ -73,6 +73,11 @@ class SimResult:
     enqueue_step: np.ndarray | None = None
     enqueue_order: np.ndarray | None = None
     prompt_tokens: np.ndarray | None = None
+    #: step of each request's last token where it is not ``admit_step + output - 1``
+    #: (DyntraLB pauses requests; -1: not finished); None: that formula holds
+    finish_step: np.ndarray | None = None
+    #: the decode ranks' own counters (DyntraLB), merged into the summary
+    engine_stats: dict[str, Any] | None = None
 
     # -- per request ---------------------------------------------------------------
     def step_end_s(self) -> np.ndarray:
@@ -94,14 +99,22 @@ class SimResult:
             ends = ends + np.cumsum(shift)
         return ends
 
+    def finish_steps(self) -> np.ndarray:
+        """Step that produced each request's last token (-1: never admitted)."""
+        if self.finish_step is not None:
+            return np.where(self.admit_step >= 0, self.finish_step, -1)
+        return np.where(self.admit_step >= 0, self.admit_step + self.output_tokens - 1, -1)
+
     def request_times(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(first_token_s, finish_s)`` per request (NaN if never admitted)."""
+        """``(first_token_s, finish_s)`` per request (NaN if never admitted or, under
+        DyntraLB, never finished)."""
         ends = self._abs_end()
-        ok = self.admit_step >= 0
+        fs = self.finish_steps()
+        ok = (self.admit_step >= 0) & (fs >= 0)
         first = np.full(self.admit_step.shape, np.nan)
         fin = np.full(self.admit_step.shape, np.nan)
         first[ok] = ends[self.admit_step[ok]]
-        fin[ok] = ends[self.admit_step[ok] + self.output_tokens[ok] - 1]
+        fin[ok] = ends[fs[ok]]
         return first, fin
 
     # -- summary -------------------------------------------------------------------
@@ -113,8 +126,7 @@ class SimResult:
         w = total if self.steady_steps is None else min(self.steady_steps, total)
         first, fin = self.request_times()
         ends = self._abs_end()
-        finish_step = np.where(self.admit_step >= 0,
-                               self.admit_step + self.output_tokens - 1, -1)
+        finish_step = self.finish_steps()
         in_win = (finish_step >= 0) & (finish_step < w)
         multi = in_win & (self.output_tokens >= 2)
         tpot = (fin[multi] - first[multi]) / (self.output_tokens[multi] - 1)
@@ -177,5 +189,6 @@ class SimResult:
             "seed": cfg.seed,
             "horizon": cfg.predictor_horizon(),
             "policy_options": dict(cfg.policy_options),
+            **(self.engine_stats or {}),
         }
         return out

@@ -128,9 +128,9 @@ def stationary_summary(res: SimResult, spec: Stationary) -> dict[str, Any]:
     busy = float(s.tau_s[w0:hi].sum())
     bal = float(s.balanced_tau_s[w0:hi].sum())
     first, fin = res.request_times()
-    finish_step = np.where(res.admit_step >= 0, res.admit_step + res.output_tokens - 1, -1)
+    finish_step = res.finish_steps()
     in_adm = (res.admit_step >= w0) & (res.admit_step < hi)
-    inside = in_adm & (finish_step < hi)
+    inside = in_adm & (finish_step >= 0) & (finish_step < hi)
     multi = inside & (res.output_tokens >= 2)
     tpot = (fin[multi] - first[multi]) / (res.output_tokens[multi] - 1)
     ttft = first[in_adm] - res.enqueue_s[in_adm]

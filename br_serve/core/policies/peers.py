@@ -3,9 +3,18 @@
 - ``sglang_total_tokens``: SGLang DP-attention ``total_tokens``: argmin of
   ``(total_tokens_g, total_requests_g)``, the admitted prompt added to the chosen rank
   until the next refresh (a tick is a refresh here).
-- ``vllm_dp``: vLLM's DP load balancer: ``max(inflight, waiting + running)`` plus
-  ``waiting * w * max(0, kv_usage - 0.5)``; requests admitted this tick count as both
-  in flight and waiting (their KV pull has not finished).
+- ``vllm_dp``: vLLM's internal DP load balancer (``DPLBAsyncMPClient.
+  get_core_engine_for_request`` in ``vllm/v1/engine/core_client.py``, vllm-project/vllm
+  commit 00080ee1): per engine ``max(inflight, waiting + running)`` plus
+  ``waiting * w * max(0, kv_usage - 0.5)`` when requests wait (w = 6), the minimum
+  taken scanning from a start index that advances by one per request, so ties rotate
+  (round-robin) instead of going to the lowest rank. ``inflight`` is the front end's
+  exact count of its unfinished requests there, ``waiting + running`` the coordinator's
+  snapshot (every ~100 ms) plus its own increments; with one front end both are the
+  rank's bound requests (the simulator's running count, this tick's admissions
+  included). Requests admitted this tick count as waiting (their KV pull has not
+  finished). Older vLLM (and docs/design.md's first notes) used ``waiting * 4 +
+  running``; that rule is gone from vLLM.
 - ``dynamo_decode``: Dynamo's decode cost: active KV blocks of the replica plus a
   per-request weight (in blocks) times its running requests.
 - ``min_max``: the replica whose load after admission minimises the new maximum; ties
@@ -18,7 +27,7 @@ from dataclasses import dataclass
 
 from br_serve.core.options import NoOptions, Options, option
 from br_serve.core.policies.fcfs import FCFSPolicy, Ledger
-from br_serve.core.policy import register_policy
+from br_serve.core.policy import PolicyContext, register_policy
 from br_serve.core.types import UNLIMITED_TOKENS, PoolRequest
 
 
@@ -38,19 +47,26 @@ class VLLMDPOptions(Options):
 class VLLMDataParallel(FCFSPolicy[VLLMDPOptions]):
     Options = VLLMDPOptions
 
+    def __init__(self, options: VLLMDPOptions, context: PolicyContext) -> None:
+        super().__init__(options, context)
+        self._start = 0  # vLLM's eng_start_index (client 0 of 1 starts at engine 0)
+
     def choose(self, req: PoolRequest, feasible: list[int], led: Ledger) -> int:
         w = self.options.vllm_kv_weight
+        g_all = len(led.cap)
 
         def score(g: int) -> tuple[float, int]:
             waiting = led.inflight[g]
             running = led.running[g] - led.inflight[g]
-            base = float(max(led.inflight[g], waiting + running))
+            base = float(max(led.running[g], waiting + running))
             lim = led.kv_limit[g]
             if waiting and lim < UNLIMITED_TOKENS:
                 base += waiting * w * max(0.0, led.loads[g] / lim - 0.5)
-            return base, g
+            return base, (g - self._start) % g_all  # ties: first from the start index
 
-        return min(feasible, key=score)
+        g = min(feasible, key=score)
+        self._start = (self._start + 1) % g_all
+        return g
 
 
 @dataclass(frozen=True, slots=True)
