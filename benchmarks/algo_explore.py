@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from br_serve.sim import SimConfig, simulate
+from br_serve.sim import parse_sim_config, simulate
 from br_serve.sim.result import SimResult
 from br_serve.traces import Trace, load_trace
 
@@ -145,8 +145,8 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
         extra["pool_capacity"] = task["depth"]
     if mode == "trace":
         tr = tr.scaled(task["scale"])
-    cfg = SimConfig(policy=sp["policy"], predictor=sp["predictor"], replicas=g, slots=b,
-                    saturated=mode != "trace", seed=task["seed"],
+    cfg = parse_sim_config(policy=sp["policy"], predictor=sp["predictor"], replicas=g, slots=b,
+                    sim_saturated=mode != "trace", seed=task["seed"],
                     policy_options=sp["options"],
                     predictor_options=sp.get("predictor_options", {}), **extra)
     pred = None
@@ -185,8 +185,8 @@ def capacity(a: argparse.Namespace, wins: list[Trace], specs: list[dict[str, Any
         float(full.input_tokens.mean()) + float(full.output_tokens.mean()) / 2))
     caps = []
     for w in wins:
-        jsq = simulate(w, SimConfig(policy="jsq", replicas=a.replicas, slots=a.slots,
-                                    saturated=True))
+        jsq = simulate(w, parse_sim_config(policy="jsq", replicas=a.replicas, slots=a.slots,
+                                    sim_saturated=True))
         caps.append(float(w.output_tokens.sum() / max(w.duration_s, 1e-9))
                     / jsq.summary()["throughput_tok_s"])
 
@@ -277,8 +277,8 @@ def main() -> int:
     wins = [rest.take(np.arange(s0, s0 + a.requests)) for s0 in starts]
     if a.mode in ("trace", "capacity"):
         for i, w in enumerate(wins):  # JSQ saturated capacity of this window
-            jsq = simulate(w, SimConfig(policy="jsq", replicas=a.replicas, slots=a.slots,
-                                        saturated=True))
+            jsq = simulate(w, parse_sim_config(policy="jsq", replicas=a.replicas, slots=a.slots,
+                                        sim_saturated=True))
             cap = jsq.summary()["throughput_tok_s"]
             offered = w.output_tokens.sum() / max(w.duration_s, 1e-9)
             scales[i] = float(offered / (a.load * cap))

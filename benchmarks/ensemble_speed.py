@@ -22,7 +22,7 @@ import platform
 import time
 from pathlib import Path
 
-from br_serve.sim import SimConfig
+from br_serve.sim import parse_sim_config
 from br_serve.sim.ensemble import run_ensemble
 from br_serve.sim.runner import RunSpec, default_jobs
 from br_serve.sim.stationary import Stationary
@@ -57,8 +57,8 @@ def main() -> int:
     args = ap.parse_args()
 
     trace = load_trace(args.trace, min_output=args.min_output)
-    specs = [RunSpec(SimConfig(policy=p, predictor=pr, replicas=args.replicas,
-                               slots=args.slots, saturated=True, seed=args.seed))
+    specs = [RunSpec(parse_sim_config(policy=p, predictor=pr, replicas=args.replicas,
+                               slots=args.slots, sim_saturated=True, seed=args.seed))
              for p, pr in POLICIES]
     load = os.getloadavg()[0]
     t0 = time.perf_counter()

@@ -55,7 +55,8 @@ def main() -> int:
     cfg = parse_graph_config(replicas=1, step_b_s=args.step_b_s, step_a_s_per_token=0.0,
                              slots=max(args.streams, 1))
     with emulated_engines(cfg, "vllm") as (remote, durl):
-        tickets = asyncio.run(_prefill(remote.prefill_urls[0], args.streams, args.tokens))
+        tickets = asyncio.run(_prefill(remote.remote.prefill_urls[0], args.streams,
+                                       args.tokens))
         if args.httpx:
             return _httpx(durl, tickets, args)
         eng = RemoteDecodeEngine(durl, 0)

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from br_serve.sim import SimConfig
+from br_serve.sim import parse_sim_config
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import EnsembleResult, run_ensemble
 from br_serve.sim.runner import RunSpec
@@ -100,7 +100,7 @@ STATIONARY_MAX_SHARE = 0.8
 
 def stationary_plan(g: int, slots: int, n: int) -> tuple[Stationary, int]:
     """(protocol, requests per replay) for G replicas on a trace of ``n`` requests."""
-    cfg = SimConfig(replicas=g, slots=slots)
+    cfg = parse_sim_config(replicas=g, slots=slots)
     depth = Stationary().depth(cfg)
     warm = max(depth + 2 * g * slots, STATIONARY_MIN_ADMISSIONS)
     window = max(8 * g * slots, STATIONARY_MIN_ADMISSIONS)
@@ -146,8 +146,8 @@ def load_workload(name: str, seed: int) -> Trace:
 def specs_for(trace: Trace, g: int, slots: int, saturated: bool,
               for_capacity: bool = False) -> list[RunSpec]:
     """The policy list, minus predictors the trace cannot feed (exact needs hashes)."""
-    return [RunSpec(SimConfig(policy=p, predictor=pr, replicas=g, slots=slots,
-                              saturated=saturated, step_a_s_per_token=STEP_A,
+    return [RunSpec(parse_sim_config(policy=p, predictor=pr, replicas=g, slots=slots,
+                              sim_saturated=saturated, step_a_s_per_token=STEP_A,
                               step_b_s=STEP_B))
             for p, pr, hashes in POLICIES if (trace.hash_ids is not None or not hashes)
             and not (for_capacity and p in NOT_IN_CAPACITY)]
@@ -305,7 +305,7 @@ def estimate(args: argparse.Namespace) -> None:
             cost: dict[str, float] = {r["label"]: float(r["wall_s"]) / int(r["requests"])
                                       for r in ens.runs}
             specs = specs_for(trace, 8, args.slots, False, for_capacity=capacity_only)
-            return float(sum(cost["brh+survival"] if s.config.predictor else cost["jsq"]
+            return float(sum(cost["brh+survival"] if s.config.predictor.name else cost["jsq"]
                              for s in specs))
 
         plan = 0.0

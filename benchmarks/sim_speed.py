@@ -17,7 +17,7 @@ import platform
 import time
 from pathlib import Path
 
-from br_serve.sim import SimConfig, simulate
+from br_serve.sim import parse_sim_config, simulate
 from br_serve.traces import SyntheticSpec, synthetic_trace
 from br_serve.traces.synthetic import LengthDist
 
@@ -47,8 +47,8 @@ def main() -> int:
                          arrival="saturated" if args.saturated else "poisson",
                          rate_per_s=rate, seed=args.seed)
     trace = synthetic_trace(spec)
-    cfg = SimConfig(policy=args.policy, predictor=args.predictor, replicas=args.replicas,
-                    slots=args.slots, saturated=args.saturated, seed=args.seed)
+    cfg = parse_sim_config(policy=args.policy, predictor=args.predictor, replicas=args.replicas,
+                    slots=args.slots, sim_saturated=args.saturated, seed=args.seed)
     t0 = time.perf_counter()
     res = simulate(trace, cfg)
     wall = time.perf_counter() - t0

@@ -240,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(include_dashboard=False, num_cpus=args.num_cpus,
              object_store_memory=400 * 1024**2, log_to_driver=False)
     port = free_port()  # after Ray's own processes took their random ports
-    cfg = parse_graph_config(app_name=soak.app, replicas=args.replicas, slots=args.slots,
-                             pool_capacity=args.pool, prefill_replicas=2, port=port,
-                             step_b_s=0.02, prefill_p0_s=0.01, barrier_timeout_s=3,
-                             host="127.0.0.1")
+    cfg = parse_graph_config(serve_app_name=soak.app, replicas=args.replicas,
+                             slots=args.slots, pool_capacity=args.pool, prefill_replicas=2,
+                             serve_port=port, step_b_s=0.02, prefill_p0_s=0.01,
+                             serve_barrier_timeout_s=3, serve_host="127.0.0.1")
     try:
         t_deploy = time.monotonic()
         deploy(cfg)

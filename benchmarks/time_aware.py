@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from br_serve.sim import SimConfig
+from br_serve.sim import parse_sim_config
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import paired_gain, run_ensemble
 from br_serve.sim.runner import RunSpec
@@ -75,7 +75,7 @@ def cluster(setting: str, trace: Trace, window_requests: int) -> dict[str, Any]:
     elif setting == "drift":
         # mid-run: half the steps a window of this many requests takes on G x B slots
         steps = window_requests * float(trace.output_tokens.mean()) / (G * B)
-        out["step_drift"] = ((0, int(steps / 2), 2.0),)
+        out["sim_step_drift"] = ((0, int(steps / 2), 2.0),)
     elif setting == "batch":
         typical = STEP_B + STEP_A * B * (float(trace.input_tokens.mean())
                                          + float(trace.output_tokens.mean()) / 2)
@@ -97,8 +97,8 @@ def trace90_scale(trace: Trace, setting: str, size: int, proto: Stationary,
 
 def specs(setting: str, trace: Trace, window: int, saturated: bool) -> list[RunSpec]:
     base = cluster(setting, trace, window)
-    return [RunSpec(SimConfig(policy=p, policy_options=o, replicas=G, slots=B,
-                              saturated=saturated, **base), label=label)
+    return [RunSpec(parse_sim_config(policy=p, policy_options=o, replicas=G, slots=B,
+                              sim_saturated=saturated, **base), label=label)
             for p, label, o in POLICIES]
 
 

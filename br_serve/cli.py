@@ -21,7 +21,25 @@ COMMAND_MODULES = (
     "br_serve.serve.cli",  # serve / demo
     "br_serve.bench.cli",  # bench-serve / bench-kv
     "br_serve.emulator.cli",  # emulate-engine
+    "br_serve.config.reference",  # config-reference
 )
+
+
+#: top-level modules of the optional extras -> the extra that installs them
+EXTRA_OF = {"ray": "serve", "fastapi": "serve", "httpx": "serve", "msgpack": "serve",
+            "safetensors": "serve", "torch": "serve", "starlette": "serve",
+            "uvicorn": "serve", "transformers": "torch", "torch_npu": "npu",
+            "mooncake": "mooncake"}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """``"needs the serve extra: pip install 'br-serve[serve]'"`` when ``exc`` is a
+    module of an optional extra that is not installed, else None."""
+    top = (exc.name or "").partition(".")[0]
+    extra = EXTRA_OF.get(top)
+    if extra is None:
+        return None
+    return f"needs the {extra} extra: pip install 'br-serve[{extra}]'"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         # Bad input: a one-line message naming the problem, no traceback.
         print(f"br-serve {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        why = missing_extra(exc)
+        if why is None:
+            raise
+        print(f"br-serve {args.command}: {why}", file=sys.stderr)
         return 2
 
 

@@ -9,17 +9,18 @@ running graph under any application name (``serve run`` names it ``default``).
 
 Defaults: local Ray, emulated engine, 4 decode replicas, 2 prefill replicas, policy
 ``br0``, HTTP on 127.0.0.1:8000 (Serve's own default). Every builder argument is a field
-of :class:`br_serve.serve.config.GraphConfig`; a bad one fails with a message naming it.
-``host`` and ``port`` are refused here: Serve's HTTP proxy is one per cluster and
-``serve run`` starts it before it calls this builder, so they would be ignored (see
-:data:`HTTP_ARGS_MESSAGE` for what to use instead).
+of :class:`br_serve.serve.config.GraphConfig` by its path (``step.b_s`` or ``step_b_s``;
+``policy=brh`` sets ``policy.name``); a bad one fails with a message naming it.
+``serve.host`` and ``serve.port`` are refused here: Serve's HTTP proxy is one per
+cluster and ``serve run`` starts it before it calls this builder, so they would be
+ignored (see :data:`HTTP_ARGS_MESSAGE` for what to use instead).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from br_serve.serve.config import GraphConfigError
+from br_serve.serve.config import GraphConfigError, field_path
 from br_serve.serve.graph import build as _build
 
 HTTP_ARGS_MESSAGE = (
@@ -27,18 +28,24 @@ HTTP_ARGS_MESSAGE = (
     "is started before the application is built, so it would be ignored. Set it where "
     "Serve starts: http_options in a Serve config file (serve run graphs/balance_route."
     "yaml), or `serve start --http-host H --http-port P` before `serve run`, or "
-    "`br-serve serve --set host=H --set port=P`")
+    "`br-serve serve --set serve.host=H --set serve.port=P`")
 
 
 def build(args: dict[str, Any]) -> Any:
     """Application builder: ``serve run graphs.balance_route:build key=value ...``.
 
     Raises:
-        GraphConfigError: a bad argument, or ``host`` / ``port`` (named).
+        GraphConfigError: a bad argument, or ``serve.host`` / ``serve.port`` (also as
+            ``host`` / ``port``; named).
     """
-    for key in ("host", "port"):
-        if key in args:
+    for key, value in args.items():
+        path = field_path(key)
+        inner = tuple(value) if path == ("serve",) and isinstance(value, dict) else ()
+        if key in ("host", "port"):  # what one types for an HTTP address
             raise GraphConfigError(f"{key}: {HTTP_ARGS_MESSAGE}")
+        for sub in ("host", "port"):
+            if path == ("serve", sub) or sub in inner:
+                raise GraphConfigError(f"serve.{sub}: {HTTP_ARGS_MESSAGE}")
     return _build(args)
 
 

@@ -1,42 +1,60 @@
-"""Termination predictors for BR-H (docs/predictors.md), built by name.
+"""Termination predictors for BR-H (docs/predictors.md), registered by name.
 
-``make_predictor(name, horizon=80, model_path=None, seed=0, **options)`` returns an
-object satisfying ``br_serve.core.predictor.TerminationPredictor``:
+A predictor is a :class:`PredictorKind` in :data:`PREDICTORS`: its options, declared as a
+frozen :class:`~br_serve.core.options.Options` dataclass like a policy's, and how to
+build it. A configuration validates a predictor's name and options against the kind
+(:func:`predictor_kind`, :func:`parse_predictor_options`) without building it; the one
+process that uses it builds it with :func:`make_predictor`:
 
 - ``survives``: the core's closed gate (every request survives the window).
 - ``survival``: empirical output-length survival, learned online (``predictors.survival``).
 - ``exact``: prefix-keyed ExactMatch with a survival fallback (``predictors.exact``).
 - ``oracle``: true remaining steps; simulator only (``predictors.oracle``).
-- ``learned``: a small two-head torch model loaded from ``model_path``
-  (``predictors.learned``; train one with ``br-serve train-predictor``).
+- ``learned``: a small two-head model loaded from ``model_path`` (``predictors.learned``;
+  train one with ``br-serve train-predictor``); a file is read once per process.
 
-Options are validated (pydantic); an unknown option or bad value raises ``ValueError``
-naming it. Online learning: call ``predictor.observe(FinishedRequests(...))`` as requests
+The window ``horizon`` always comes from the policy that asks (BR-H's ``horizon``
+option). Online learning: call ``predictor.observe(FinishedRequests(...))`` as requests
 finish; :func:`warm_start` feeds a history of finished requests in one call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel
 
-from br_serve.config.errors import validated
+from br_serve.core.options import ConfigError, NoOptions, Options, parse_options
 from br_serve.core.predictor import FinishedRequests, SurvivesWindow, TerminationPredictor
 from br_serve.core.registry import Registry
+from predictors.exact import ExactOptions
+from predictors.survival import SurvivalOptions
 
-M = TypeVar("M", bound=BaseModel)
+#: ``build(options, horizon, model_path, rng) -> predictor``; options already validated.
+PredictorBuild = Callable[[Any, int, "str | None", np.random.Generator], TerminationPredictor]
 
-#: ``factory(horizon, model_path, rng, options) -> predictor``; options still loose.
-PredictorFactory = Callable[[int, str | None, np.random.Generator, Mapping[str, Any]],
-                            TerminationPredictor]
 
-#: The predictor family. Built-ins are registered below (their modules load lazily, so
-#: importing this package stays cheap); a qualified ``package.module.factory`` works too.
-PREDICTORS: Registry[PredictorFactory] = Registry("predictor")
+@dataclass(frozen=True, slots=True)
+class PredictorKind:
+    """A registered predictor: its options class, its builder and what it needs.
+
+    ``model_file``: it reads a model file (``predictor.model_path`` is required, and
+    refused for every other kind). ``simulator_only``: it reads true output lengths,
+    which only the simulator knows.
+    """
+
+    build: PredictorBuild
+    Options: type[Options] = NoOptions
+    model_file: bool = False
+    simulator_only: bool = False
+
+
+#: The predictor family; a qualified ``package.module.NAME`` naming a
+#: :class:`PredictorKind` works too.
+PREDICTORS: Registry[PredictorKind] = Registry("predictor")
 
 
 def predictor_names() -> tuple[str, ...]:
@@ -44,14 +62,32 @@ def predictor_names() -> tuple[str, ...]:
     return tuple(sorted(PREDICTORS.names()))
 
 
-def parse_options(model: type[M], options: Mapping[str, Any], owner: str) -> M:
-    """Validate ``options`` into ``model``; ``ValueError("<owner>.<field>: ...")`` if bad."""
-    return validated(model, options, ValueError, owner)
+def predictor_kind(name: str) -> PredictorKind:
+    """The kind registered as ``name``.
+
+    Raises:
+        ConfigError: unknown name (listing the known ones), or a qualified name that is
+            not a :class:`PredictorKind`.
+    """
+    kind = PREDICTORS.get(name)
+    if not isinstance(kind, PredictorKind):
+        raise ConfigError(f"predictor: {name!r} is not a PredictorKind")
+    return kind
 
 
-def make_predictor(name: str, *, horizon: int = 80, model_path: str | None = None,
+def parse_predictor_options(name: str, options: Mapping[str, Any] | Options | None = None
+                            ) -> Options:
+    """Validate ``options`` for predictor ``name`` (no predictor is built).
+
+    Raises:
+        ConfigError: unknown predictor, unknown option or bad value, named.
+    """
+    return parse_options(predictor_kind(name).Options, options)
+
+
+def make_predictor(name: str, *, horizon: int, model_path: str | None = None,
                    seed: int = 0, **options: Any) -> TerminationPredictor:
-    """Build the predictor ``name`` (see the module docstring).
+    """Build the predictor ``name`` for the window ``horizon`` of the policy that asks.
 
     ``seed`` seeds the injected RNG (reservoir memory). ``horizon`` is checked against
     the horizon a ``learned`` model was trained for.
@@ -63,57 +99,53 @@ def make_predictor(name: str, *, horizon: int = 80, model_path: str | None = Non
     """
     if horizon < 0:
         raise ValueError(f"horizon: must be >= 0 (got {horizon})")
-    factory = PREDICTORS.get(name)
-    return factory(horizon, model_path, np.random.default_rng(seed), options)
+    kind = predictor_kind(name)
+    opts = parse_options(kind.Options, options, owner=name)
+    if kind.model_file and not model_path:
+        raise ValueError(f"{name}: needs model_path (a file written by "
+                         "`br-serve train-predictor --out FILE`)")
+    return kind.build(opts, horizon, model_path, np.random.default_rng(seed))
 
 
-def _no_options(name: str, options: Mapping[str, Any]) -> None:
-    if options:
-        raise ValueError(f"{name}: takes no options (got {', '.join(sorted(options))})")
-
-
-@PREDICTORS.register("survives")
-def _survives(horizon: int, model_path: str | None, rng: np.random.Generator,
-              options: Mapping[str, Any]) -> TerminationPredictor:
-    _no_options("survives", options)
+def _survives(opts: Any, horizon: int, model_path: str | None,
+              rng: np.random.Generator) -> TerminationPredictor:
     return SurvivesWindow()
 
 
-@PREDICTORS.register("oracle")
-def _oracle(horizon: int, model_path: str | None, rng: np.random.Generator,
-            options: Mapping[str, Any]) -> TerminationPredictor:
-    _no_options("oracle", options)
+def _oracle(opts: Any, horizon: int, model_path: str | None,
+            rng: np.random.Generator) -> TerminationPredictor:
     from predictors.oracle import OraclePredictor
 
     return OraclePredictor()
 
 
-@PREDICTORS.register("survival")
-def _survival(horizon: int, model_path: str | None, rng: np.random.Generator,
-              options: Mapping[str, Any]) -> TerminationPredictor:
-    from predictors.survival import SurvivalConfig, SurvivalPredictor
+def _survival(opts: Any, horizon: int, model_path: str | None,
+              rng: np.random.Generator) -> TerminationPredictor:
+    from predictors.survival import SurvivalPredictor
 
-    return SurvivalPredictor(parse_options(SurvivalConfig, options, "survival"), rng=rng)
-
-
-@PREDICTORS.register("exact")
-def _exact(horizon: int, model_path: str | None, rng: np.random.Generator,
-           options: Mapping[str, Any]) -> TerminationPredictor:
-    from predictors.exact import ExactConfig, ExactMatchPredictor
-
-    return ExactMatchPredictor(parse_options(ExactConfig, options, "exact"), rng=rng)
+    return SurvivalPredictor(opts, rng=rng)
 
 
-@PREDICTORS.register("learned")
-def _learned(horizon: int, model_path: str | None, rng: np.random.Generator,
-             options: Mapping[str, Any]) -> TerminationPredictor:
-    _no_options("learned", options)
-    if not model_path:
-        raise ValueError("learned: needs model_path (a file written by "
-                         "`br-serve train-predictor --out FILE`)")
+def _exact(opts: Any, horizon: int, model_path: str | None,
+           rng: np.random.Generator) -> TerminationPredictor:
+    from predictors.exact import ExactMatchPredictor
+
+    return ExactMatchPredictor(opts, rng=rng)
+
+
+def _learned(opts: Any, horizon: int, model_path: str | None,
+             rng: np.random.Generator) -> TerminationPredictor:
     from predictors.learned import LearnedPredictor
 
+    assert model_path is not None  # checked by make_predictor
     return LearnedPredictor.load(model_path, horizon=horizon, rng=rng)
+
+
+PREDICTORS.register("survives")(PredictorKind(_survives))
+PREDICTORS.register("oracle")(PredictorKind(_oracle, simulator_only=True))
+PREDICTORS.register("survival")(PredictorKind(_survival, SurvivalOptions))
+PREDICTORS.register("exact")(PredictorKind(_exact, ExactOptions))
+PREDICTORS.register("learned")(PredictorKind(_learned, model_file=True))
 
 
 def finished_requests(prompt_tokens: npt.ArrayLike, output_tokens: npt.ArrayLike, *,
@@ -149,5 +181,5 @@ def warm_start(predictor: TerminationPredictor, prompt_tokens: npt.ArrayLike,
                                         prefix_hash=prefix_hash))
 
 
-__all__ = ["PREDICTORS", "finished_requests", "make_predictor", "parse_options",
-           "predictor_names", "warm_start"]
+__all__ = ["PREDICTORS", "PredictorKind", "finished_requests", "make_predictor",
+           "parse_predictor_options", "predictor_kind", "predictor_names", "warm_start"]

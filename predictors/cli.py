@@ -19,8 +19,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace file (any format load_trace reads)")
     p.add_argument("--format", default="auto", help="trace format (default: detect)")
     p.add_argument("--limit", type=int, default=None, help="use the first N requests")
-    p.add_argument("--horizon", type=int, default=800,
-                   help="window H in decode steps (default: BR-H's default window)")
+    p.add_argument("--policy", default="brh",
+                   help="the policy whose look-ahead the predictor serves (default brh)")
+    p.add_argument("--horizon", type=int, default=None,
+                   help="window H in decode steps (default: the horizon option's default "
+                   "of --policy)")
     p.add_argument("--step-s", type=float, default=0.08,
                    help="seconds per decode step in the replay (default 0.08)")
     p.add_argument("--train-frac", type=float, default=0.7,
@@ -42,7 +45,8 @@ def register(subparsers: Any) -> None:
     _common(ev)
     ev.add_argument("--predictor", required=True,
                     help="name, or comma-separated names (survival,exact,learned,...)")
-    ev.add_argument("--model", default=None, help="model file for the learned predictor")
+    ev.add_argument("--predictor-model-path", default=None,
+                    help="model file for the learned predictor")
     ev.add_argument("--out", default=None, help="also write the JSON to this file")
     ev.set_defaults(func=_eval)
 
@@ -51,6 +55,12 @@ def _load(args: argparse.Namespace) -> Any:
     from br_serve.traces import load_trace
     from predictors.replay import check_trace
 
+    if args.horizon is None:
+        from br_serve.core import parse_policy_options, predictor_horizon
+
+        args.horizon = predictor_horizon(args.policy, parse_policy_options(args.policy))
+        if args.horizon is None:
+            raise ValueError(f"--policy: {args.policy!r} uses no predictor; give --horizon")
     if args.horizon < 1:
         raise ValueError(f"--horizon: must be >= 1 (got {args.horizon})")
     if not Path(args.trace).is_file():
@@ -96,14 +106,15 @@ def _eval(args: argparse.Namespace) -> int:
         if n not in predictor_names():
             raise ValueError(f"--predictor: unknown predictor {n!r}; known: "
                              f"{', '.join(predictor_names())}")
-    if "learned" in names and not args.model:
-        raise ValueError("--model: the learned predictor needs a model file "
+    path = args.predictor_model_path
+    if "learned" in names and not path:
+        raise ValueError("--predictor-model-path: the learned predictor needs a model file "
                          "(br-serve train-predictor --out FILE)")
-    if args.model and not Path(args.model).is_file():
-        raise FileNotFoundError(f"--model: no such file {args.model!r}")
+    if path and not Path(path).is_file():
+        raise FileNotFoundError(f"--predictor-model-path: no such file {path!r}")
     trace = _load(args)
     rows = evaluate(trace, names, args.horizon, step_s=args.step_s,
-                    train_frac=args.train_frac, model_path=args.model, seed=args.seed,
+                    train_frac=args.train_frac, model_path=path, seed=args.seed,
                     source=args.trace)
     for r in rows:
         r["trace"] = args.trace

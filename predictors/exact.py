@@ -19,28 +19,33 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
+from br_serve.core.options import Options, option
 from br_serve.core.predictor import FinishedRequests, Prediction
 from br_serve.core.types import BoolArray, IntArray, RunningRequests
 from predictors.keys import DEFAULT_PREFIX_BLOCKS, prefix_keys
 from predictors.store import SegmentAnswer, SegmentedSamples
-from predictors.survival import SurvivalConfig, SurvivalPredictor
+from predictors.survival import SurvivalOptions, SurvivalPredictor
 
 
-class ExactConfig(BaseModel):
+@dataclass(frozen=True, slots=True)
+class ExactOptions(Options):
     """Options of :class:`ExactMatchPredictor` (validated, immutable)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    prefix_blocks: int = DEFAULT_PREFIX_BLOCKS
-    per_key_samples: int = Field(default=16, ge=1)
-    max_keys: int = Field(default=65536, ge=1)
-    min_key_samples: int = Field(default=1, ge=1)
-    prior_weight: float = Field(default=2.0, ge=0)
-    survival: SurvivalConfig = SurvivalConfig()
+    prefix_blocks: int = option(DEFAULT_PREFIX_BLOCKS, doc="leading KV blocks of the "
+                                "prompt that make its prefix key (<= 0: all of them)")
+    per_key_samples: int = option(16, ge=1, doc="latest outputs kept per key")
+    max_keys: int = option(65536, ge=1, doc="keys kept (the one observed longest ago is "
+                           "evicted first)")
+    min_key_samples: int = option(1, ge=1, doc="a key answers once it has this many "
+                                  "samples")
+    prior_weight: float = option(2.0, ge=0, doc="survival samples a key's answer is "
+                                 "blended with (0: the key's own answer)")
+    survival: SurvivalOptions = option(SurvivalOptions(), doc="options of the survival "
+                                       "fallback (a mapping of its options)")
 
 
 class ExactMatchPredictor:
@@ -48,9 +53,9 @@ class ExactMatchPredictor:
 
     name = "exact"
 
-    def __init__(self, config: ExactConfig | None = None, *,
+    def __init__(self, config: ExactOptions | None = None, *,
                  rng: np.random.Generator | None = None) -> None:
-        self.config = config or ExactConfig()
+        self.config = config or ExactOptions()
         self.fallback = SurvivalPredictor(self.config.survival, rng=rng)
         self._store = SegmentedSamples()
         self._keys: OrderedDict[Hashable, tuple[int, deque[int]]] = OrderedDict()

@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from br_serve.core.predictor import FinishedRequests
 from br_serve.core.types import RunningRequests
-from predictors.exact import ExactConfig, ExactMatchPredictor
-from predictors.survival import SurvivalConfig, SurvivalPredictor
+from predictors.exact import ExactMatchPredictor, ExactOptions
+from predictors.survival import SurvivalOptions, SurvivalPredictor
 
 FEATURE_NAMES = (
     "log_prompt",
@@ -47,8 +47,8 @@ class FeatureConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    survival: SurvivalConfig = SurvivalConfig(min_samples=1)
-    exact: ExactConfig = ExactConfig(survival=SurvivalConfig(min_samples=1))
+    survival: SurvivalOptions = SurvivalOptions(min_samples=1)
+    exact: ExactOptions = ExactOptions(survival=SurvivalOptions(min_samples=1))
     rate_window_s: float = Field(default=60.0, gt=0)
     max_logged_ids: int = Field(default=65536, ge=1)
 

@@ -132,6 +132,23 @@ class LearnedModel:
         return model
 
 
+#: models read in this process, by (resolved path, mtime, size)
+_LOADED: dict[tuple[str, int, int], LearnedModel] = {}
+
+
+def _load_once(path: str | Path) -> LearnedModel:
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return LearnedModel.load(p)  # its error names the file
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    model = _LOADED.get(key)
+    if model is None:
+        model = _LOADED[key] = LearnedModel.load(p)
+    return model
+
+
 class LearnedPredictor:
     """``TerminationPredictor`` over a :class:`LearnedModel` and online feature state.
 
@@ -148,7 +165,9 @@ class LearnedPredictor:
     @classmethod
     def load(cls, path: str | Path, *, horizon: int | None = None,
              rng: np.random.Generator | None = None) -> LearnedPredictor:
-        model = LearnedModel.load(path)
+        """A predictor over the model in ``path``: the file is read once per process
+        (again only if it changed); each predictor keeps its own online state."""
+        model = _load_once(path)
         if horizon is not None and horizon != model.horizon:
             raise ValueError(f"{path}: model trained for horizon {model.horizon}, "
                              f"asked for horizon {horizon}")

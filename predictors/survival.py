@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from br_serve.core.options import ConfigError, Options, option
 from br_serve.core.predictor import FinishedRequests, Prediction
 from br_serve.core.types import IntArray, RunningRequests
 from predictors.store import SampleMemory, SegmentAnswer, SegmentedSamples
 
 
-class SurvivalConfig(BaseModel):
+@dataclass(frozen=True, slots=True)
+class SurvivalOptions(Options):
     """Options of :class:`SurvivalPredictor` (validated, immutable).
 
     ``prompt_buckets``: ascending prompt-length edges; bucket ``k`` holds prompts in
@@ -35,35 +38,28 @@ class SurvivalConfig(BaseModel):
     to finish, so it is refitted as the history fills); 0 or 1: one distribution.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    memory: Literal["window", "reservoir"] = option(
+        "window", doc="which outputs to keep: the latest (window) or a uniform sample "
+        "of all (reservoir)")
+    max_samples: int = option(4096, ge=1, doc="outputs kept per distribution")
+    min_samples: int = option(16, ge=1, doc="below this many samples: the closed gate "
+                              "(p_fin = 0)")
+    prompt_buckets: tuple[int, ...] = option((), doc="ascending prompt-length edges of "
+                                             "per-bucket distributions")
+    min_bucket_samples: int = option(64, ge=1, doc="a bucket with fewer samples answers "
+                                     "from the global distribution")
+    auto_buckets: int = option(0, ge=0, le=64, doc="refit this many equal-count prompt "
+                               "buckets online (0 or 1: one distribution)")
+    auto_bucket_after: int = option(512, ge=1, doc="finished requests between two refits "
+                                    "of the automatic buckets")
 
-    memory: str = "window"
-    max_samples: int = Field(default=4096, ge=1)
-    min_samples: int = Field(default=16, ge=1)
-    prompt_buckets: tuple[int, ...] = ()
-    min_bucket_samples: int = Field(default=64, ge=1)
-    auto_buckets: int = Field(default=0, ge=0, le=64)
-    auto_bucket_after: int = Field(default=512, ge=1)
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, v: str) -> str:
-        if v not in ("window", "reservoir"):
-            raise ValueError(f"must be 'window' or 'reservoir' (got {v!r})")
-        return v
-
-    @field_validator("prompt_buckets")
-    @classmethod
-    def _buckets(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+    def check(self) -> None:
+        v = self.prompt_buckets
         if any(b <= a for a, b in itertools.pairwise(v)) or any(x <= 0 for x in v):
-            raise ValueError("must be positive and strictly ascending")
-        return v
-
-    @model_validator(mode="after")
-    def _one_kind_of_bucket(self) -> SurvivalConfig:
+            raise ConfigError(f"prompt_buckets: must be positive and strictly ascending "
+                              f"(got {v!r})")
         if self.auto_buckets > 1 and self.prompt_buckets:
-            raise ValueError("auto_buckets: set it or prompt_buckets, not both")
-        return self
+            raise ConfigError("auto_buckets: set it or prompt_buckets, not both")
 
 
 def quantile_edges(prompts: IntArray, buckets: int) -> tuple[int, ...]:
@@ -82,9 +78,9 @@ class SurvivalPredictor:
 
     name = "survival"
 
-    def __init__(self, config: SurvivalConfig | None = None, *,
+    def __init__(self, config: SurvivalOptions | None = None, *,
                  rng: np.random.Generator | None = None) -> None:
-        self.config = config or SurvivalConfig()
+        self.config = config or SurvivalOptions()
         c = self.config
         rng = rng if rng is not None else np.random.default_rng(0)
         self._rng = rng

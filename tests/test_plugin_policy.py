@@ -126,7 +126,7 @@ def test_live_graph_runs_the_plugin(plugin_dir: Path) -> None:
         before = len(_calls(plugin_dir))
         # builder arguments as `serve run graphs.balance_route:build ...` hands them
         deploy(parse_graph_config({"replicas": "2", "prefill_replicas": "1",
-                                   "port": str(port), "step_b_s": "0.005",
+                                   "serve_port": str(port), "step_b_s": "0.005",
                                    "policy": NAME, "policy_options": '{"spread": 2}'}))
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
             for i in range(3):

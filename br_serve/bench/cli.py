@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from br_serve.serve.cli import common_arguments, free_port, kv_args, start_ray, stop_ray
-from br_serve.serve.config import parse_graph_config
+from br_serve.serve.config import field_path, from_stored, parse_graph_config
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -20,12 +20,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.resimulate:
         return _resimulate(args)
     given = kv_args(args.set)
-    for key in ("policy", "policy_options", "predictor"):
-        if key in given:
+    for key in given:
+        if field_path(key)[0] in ("policy", "predictor"):
             raise ValueError(f"--set {key}: give the runs with --policies (NAME, "
                              "LABEL=NAME, NAME:PREDICTOR) and their options with "
                              "--policy-option")
-    opts = {"replicas": "8", "port": str(free_port()), "pool_capacity": "4096", **given}
+    opts = {"replicas": "8", "serve.port": str(free_port()), "pool.capacity": "4096",
+            **given}
     base = parse_graph_config(opts)
     for spec in args.slow:
         base = slowed(base, *_slow_spec(spec))
@@ -92,7 +93,7 @@ def _resimulate(args: argparse.Namespace) -> int:
     if not old.get("workload") or "runs" not in old:
         raise ValueError(f"--resimulate: {path} has no workload or runs (not a "
                          "bench-serve result of this version)")
-    base = parse_graph_config(old["config"])
+    base = from_stored(old["config"])
     keep = ("config", "workload", "requests", "repeats", "baseline", "runs")
     res = {k: old[k] for k in keep if k in old}
     res["sim_jitter_s"], res["sim_seeds"] = args.sim_jitter, args.sim_seeds

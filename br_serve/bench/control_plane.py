@@ -246,7 +246,7 @@ def run(replicas: int, streams: int, tokens: int, step_b_s: float = 0.002,
 
     port = _free_port()
     slots = max(16, -(-streams // replicas))
-    args = {"app_name": APP, "replicas": replicas, "slots": slots, "port": port,
+    args = {"serve.app_name": APP, "replicas": replicas, "slots": slots, "serve.port": port,
             "step_b_s": step_b_s, "step_a_s_per_token": 0.0,
             "pool_capacity": max(1024, 2 * streams), **(extra or {})}
     cfg = parse_graph_config(args)

@@ -2,7 +2,7 @@
 
 :func:`emulated_engines` starts one prefill and one decode ``br-serve emulate-engine``
 (protocol ``vllm`` or ``sglang``, ``dp_size = G``, the graph's step model per rank:
-``a_g``, ``b_g`` of :meth:`GraphConfig.emulated_coefficients`, so ``--slow`` slows the
+``a_g``, ``b_g`` of :meth:`GraphConfig.emulated_step_model`, so ``--slow`` slows the
 emulator's ranks) as separate processes, waits for their ``/health`` and yields the
 graph configuration that routes them (``decode_urls`` one URL + ``dp_size``: ranks
 pinned per request). The processes are stopped on exit. :func:`engine_counters` reads
@@ -44,20 +44,20 @@ def emulator_commands(cfg: GraphConfig, protocol: str, prefill_port: int,
     Raises:
         ValueError: a step model the emulator cannot run (a per-request term ``c``).
     """
-    a, b, c = cfg.emulated_coefficients()
+    a, b, c = cfg.emulated_step_model(scaled=True).arrays(cfg.replicas)
     if any(x != 0 for x in c):
-        raise ValueError("step_c_s_per_request: the engine emulator models a * load + b "
+        raise ValueError("step.c_s_per_request: the engine emulator models a * load + b "
                          "only; set it to 0 with --engine vllm|sglang")
-    scale = cfg.time_scale
+    scale = cfg.engine.slowdown
     base = [sys.executable, "-m", "br_serve.cli", "emulate-engine", "--protocol", protocol,
             "--model", REMOTE_MODEL, "--log-level", "error"]
     prefill = [*base, "--role", "prefill", "--port", str(prefill_port),
-               "--prefill-base-s", repr(cfg.prefill_p0_s * scale),
-               "--prefill-s-per-token", repr(cfg.prefill_p1_s_per_token * scale)]
+               "--prefill-p0-s", repr(cfg.prefill.p0_s * scale),
+               "--prefill-p1-s-per-token", repr(cfg.prefill.p1_s_per_token * scale)]
     decode = [*base, "--role", "decode", "--port", str(decode_port),
               "--dp-size", str(cfg.replicas), "--slots", str(cfg.slots),
-              "--step-a-s-per-token", _floats(tuple(x * scale for x in a)),
-              "--step-b-s", _floats(tuple(x * scale for x in b))]
+              "--step-a-s-per-token", _floats(tuple(a.tolist())),
+              "--step-b-s", _floats(tuple(b.tolist()))]
     return [prefill, decode]
 
 
@@ -89,8 +89,8 @@ def emulated_engines(cfg: GraphConfig, protocol: str,
         purl, durl = f"http://127.0.0.1:{pport}", f"http://127.0.0.1:{dport}"
         _wait_healthy(purl, procs[0], wait_s)
         _wait_healthy(durl, procs[1], wait_s)
-        remote = parse_graph_config(cfg.model_dump(), engine=protocol, prefill_urls=purl,
-                                    decode_urls=durl, dp_size=cfg.replicas,
+        remote = parse_graph_config(cfg, engine=protocol, remote_prefill_urls=purl,
+                                    remote_decode_urls=durl, remote_dp_size=cfg.replicas,
                                     remote_model=REMOTE_MODEL)
         yield remote, durl
     finally:

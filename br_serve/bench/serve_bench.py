@@ -108,9 +108,9 @@ def _replica_cpu(cfg: GraphConfig) -> list[dict[str, float]]:
 
     from br_serve.serve.actors import actor_names
 
-    _, names = actor_names(cfg.app_name, cfg.replicas)
+    _, names = actor_names(cfg.serve.app_name, cfg.replicas)
     out: list[dict[str, float]] = ray.get(
-        [ray.get_actor(n, namespace=cfg.namespace).proc_stats.remote() for n in names])
+        [ray.get_actor(n, namespace=cfg.serve.namespace).proc_stats.remote() for n in names])
     return out
 
 
@@ -160,12 +160,12 @@ def _measure_graph(cfg: GraphConfig, reqs: list[_Req], timeout_s: float,
     handle.reset_stats.remote().result()
     cpu0 = _replica_cpu(cfg)
     eng0 = engine_counters(decode_url) if decode_url else None
-    wall = asyncio.run(_replay(cfg.port, reqs, timeout_s))
+    wall = asyncio.run(_replay(cfg.serve.port, reqs, timeout_s))
     stats = handle.stats.remote().result()
     state = handle.state.remote().result()
     costs = _cpu_costs(cpu0, _replica_cpu(cfg), eng0,
                        engine_counters(decode_url) if decode_url else None)
-    serve.delete(cfg.app_name)
+    serve.delete(cfg.serve.app_name)
     ok = [r for r in reqs if r.status == 200 and r.error is None and r.bad_tokens == 0]
     # decode-phase TPOT, as the simulator's: from the first decode token (index 1; index
     # 0 comes from prefill, before the pool wait) to the last
@@ -207,14 +207,14 @@ def _measure_graph(cfg: GraphConfig, reqs: list[_Req], timeout_s: float,
 def slowed(base: GraphConfig, replicas: list[int], factor: float) -> GraphConfig:
     """``base`` whose emulated engines of ``replicas`` run ``factor`` times slower (all
     of ``a``, ``b``, ``c``) than the configured step model says: a heterogeneous cluster
-    the operator did not describe (``emulated_step_factor``), e.g. half the replicas
+    the operator did not describe (``engine.step_factor``), e.g. half the replicas
     1.5x slower. Only a policy that calibrates online sees it; the simulator runs it as
     a drift from step 0. Repeated calls multiply.
 
     Raises:
         ValueError: a replica out of range or a factor that is not positive.
     """
-    from br_serve.config.cluster import per_replica
+    from br_serve.core.step import per_replica
     from br_serve.serve.config import parse_graph_config
 
     g = base.replicas
@@ -222,10 +222,9 @@ def slowed(base: GraphConfig, replicas: list[int], factor: float) -> GraphConfig
     if bad or factor <= 0:
         raise ValueError(f"--slow: replicas must lie in 0..{g - 1} and the factor be > 0 "
                          f"(got {replicas}, {factor})")
-    f = np.asarray(per_replica(base.emulated_step_factor, g), dtype=np.float64)
+    f = np.asarray(per_replica(base.engine.step_factor, g), dtype=np.float64)
     f[replicas] *= factor
-    return parse_graph_config(base.model_dump(),
-                              emulated_step_factor=tuple(float(x) for x in f))
+    return parse_graph_config(base, engine_step_factor=tuple(float(x) for x in f))
 
 
 def load_workload(trace_path: str | None, limit: int, arrival_scale: float,
@@ -260,9 +259,9 @@ def plan_runs(base: GraphConfig, entries: list[str], options: dict[str, Any]
 
     out = []
     for run in plan_policy_runs(entries, options):
-        cfg = parse_graph_config(base.model_dump(), policy=run.policy,
+        cfg = parse_graph_config(base, policy=run.policy,
                                  policy_options=run.options, predictor=run.predictor,
-                                 app_name=f"bench_{run.label.replace('+', '_')}")
+                                 serve_app_name=f"bench_{run.label.replace('+', '_')}")
         out.append((run, cfg))
     return out
 
@@ -293,7 +292,8 @@ def run_bench(base: GraphConfig, runs_planned: list[tuple[PolicyRun, GraphConfig
                          "repeat": rep, "measured": meas})
             print(f"{pol} (run {rep + 1}/{repeats}): {time.perf_counter() - t:.0f}s: "
                   f"{json.dumps({k: meas.get(k) for k in _PROGRESS_KEYS})}", flush=True)
-    result = {"config": base.model_dump(exclude={"api_key"}), "engine": engine,
+    result = {"config": base.model_dump(exclude={"serve": {"api_key"},
+                                                 "remote": {"api_key"}}), "engine": engine,
               "workload": workload or {},
               "requests": len(trace), "repeats": repeats, "sim_jitter_s": jitter_s,
               "sim_seeds": seeds, "baseline": baseline, "runs": runs}

@@ -56,27 +56,29 @@ def jittered(trace: Any, jitter_s: float, seed: int) -> Any:
 
 def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
                  admit_delay_steps: int = 0) -> dict[str, Any]:
-    """Simulate ``cfg`` (step and prefill models scaled by ``time_scale``) on ``trace``,
-    with ``extra_step_s`` of host overhead per step; ``model_throughput_tok_s`` prices the
-    same steps without it. The engines' ``emulated_step_factor`` is a drift from step 0
-    (the simulated replicas run slower than the configured model says, as the live
+    """Simulate ``cfg`` (step and prefill models scaled by ``engine.slowdown``) on
+    ``trace``, with ``extra_step_s`` of host overhead per step; ``model_throughput_tok_s``
+    prices the same steps without it. The engines' ``engine.step_factor`` is a drift from
+    step 0 (the simulated replicas run slower than the configured model says, as the live
     ones do), with the overhead in ``b`` divided by it, so that it stays unslowed."""
     from br_serve.config import ClusterConfig
-    from br_serve.config.cluster import per_replica
+    from br_serve.core.step import StepModel, per_replica
     from br_serve.sim import parse_sim_config, simulate
 
-    ts = cfg.time_scale
-    a, b, c = (tuple(x * ts for x in v) for v in cfg.coefficients(cfg.replicas))
-    shared = {k: getattr(cfg, k) for k in ClusterConfig.model_fields}
-    factor = per_replica(cfg.emulated_step_factor, cfg.replicas)
+    ts = cfg.engine.slowdown
+    m = cfg.router_step_model()
+    assert isinstance(m.b_s, tuple)
+    shared = cfg.model_dump(include=set(ClusterConfig.model_fields) - {"prefill", "pool"})
+    factor = per_replica(cfg.engine.step_factor, cfg.replicas)
     # the drift multiplies a replica's whole step; the host overhead is not slowed
-    b = tuple(x + extra_step_s / f for x, f in zip(b, factor, strict=True))
-    scfg = parse_sim_config(**{
-        **shared, "step_a_s_per_token": a, "step_b_s": b,
-        "step_c_s_per_request": c, "prefill_p0_s": cfg.prefill_p0_s * ts,
-        "prefill_p1_s_per_token": cfg.prefill_p1_s_per_token * ts,
-        "pool_capacity": cfg.pool_capacity, "admit_delay_steps": admit_delay_steps,
-        "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)})
+    b = tuple(x + extra_step_s / f for x, f in zip(m.b_s, factor, strict=True))
+    scfg = parse_sim_config(
+        shared, step=StepModel(m.a_s_per_token, b, m.c_s_per_request),
+        prefill={"replicas": cfg.prefill.replicas, "p0_s": cfg.prefill.p0_s * ts,
+                 "p1_s_per_token": cfg.prefill.p1_s_per_token * ts},
+        pool={"capacity": cfg.pool.capacity},
+        sim={"admit_delay_steps": admit_delay_steps,
+             "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)})
     s = simulate(trace, scfg).summary()
     out = {k: s.get(k) for k in _SIM_KEYS}
     thr, tok = s["throughput_tok_s"], s["tokens_generated"]
@@ -107,7 +109,7 @@ def run_config(base: GraphConfig, run: dict[str, Any]) -> GraphConfig:
     variants existed hold the policy name there and nothing else)."""
     from br_serve.serve.config import parse_graph_config
 
-    return parse_graph_config(base.model_dump(), policy=run.get("policy_name", run["policy"]),
+    return parse_graph_config(base, policy=run.get("policy_name", run["policy"]),
                               policy_options=run.get("policy_options", {}),
                               predictor=run.get("predictor"))
 
@@ -292,19 +294,19 @@ def _overhead_runs(result: dict[str, Any]) -> str:
 
 def format_step_fits(result: dict[str, Any]) -> list[str]:
     """Per run label that calibrated step costs online: every replica's true step
-    coefficients (the emulated engine's: configured x ``emulated_step_factor`` x
-    ``time_scale``) beside the fit the scheduler held at the end of the run (mean over
+    coefficients (the emulated engine's: configured x ``engine.step_factor`` x
+    ``engine.slowdown``) beside the fit the scheduler held at the end of the run (mean over
     repeats), and both models' time of a step at the run's mean replica load and
     running requests."""
     cfg = result.get("config", {})
     g = int(cfg.get("replicas", 0))
     if not g:
         return []
-    from br_serve.serve.config import parse_graph_config
+    from br_serve.serve.config import from_stored
 
-    base = parse_graph_config(cfg)
-    ts = base.time_scale
-    a, b, c = (np.asarray(x) * ts for x in base.emulated_coefficients())
+    base = from_stored(cfg)
+    ts = base.engine.slowdown
+    a, b, c = base.emulated_step_model(scaled=True).arrays(g)
     out: list[str] = []
     for pol in dict.fromkeys(r["policy"] for r in result["runs"]):
         fits = [r["measured"]["step_fit"] for r in result["runs"]
@@ -321,7 +323,7 @@ def format_step_fits(result: dict[str, Any]) -> list[str]:
         ms = [r["measured"] for r in result["runs"] if r["policy"] == pol]
         load = float(np.mean([m.get("mean_replica_load_tokens", 0.0) for m in ms]))
         n = float(np.mean([m.get("mean_replica_running", 0.0) for m in ms]))
-        out += ["", f"Step coefficients of {pol} (true: the emulated engine's x time_scale "
+        out += ["", f"Step coefficients of {pol} (true: the emulated engine's x slowdown "
                 f"{ts:g}; fitted: the scheduler's at the end of the run, mean of {len(fits)}):",
                 "", "| replica | a s/token true / fit | b s true / fit | c s/request true / fit "
                 f"| step ms at {load:,.0f} tokens, {n:.1f} requests true / fit | residual ms "

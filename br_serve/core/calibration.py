@@ -1,4 +1,4 @@
-"""Online calibration of each replica's step-time coefficients ``(a_g, c_g, b_g)``.
+"""Online calibration of each replica's step-time coefficients ``(a_g, b_g, c_g)``.
 
 Every decode step gives, per replica, its KV load ``L`` (tokens), its running requests
 ``N`` and the compute time it measured ``t`` (seconds, barrier wait excluded). The
@@ -34,53 +34,43 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from br_serve.core.options import Options, option
+from br_serve.core.step import StepModel
 from br_serve.core.types import ClusterSnapshot, FloatArray
 
 
 @dataclass(frozen=True, slots=True)
-class CalibrationOptions:
+class CalibrationOptions(Options):
     """Knobs of :class:`StepCalibrator` (defaults suit steps of 10-100 ms).
 
-    ``forget``: the forgetting factor while the replica is steady (0.995: an effective
-    memory of about 200 steps, for precise coefficients). ``drift_forget`` for the
-    ``drift_steps`` after a drift is detected (a lasting shift of the residuals: their
-    exponentially weighted mean, at rate ``drift_rate``, beyond ``drift_threshold``
-    robust scales), so a replica that slows down is re-fitted within tens of steps.
-    ``prior_weight``: how many steps' worth of evidence the prior is worth (small: the
-    data takes over wherever it is informative). ``outlier_k``: residuals beyond this
-    many robust scales get a Huber weight. ``load_scale_tokens`` and ``running_scale``
-    only condition the numerics. ``min_steps``: a replica counts as calibrated after
-    this many measured steps.
+    While a replica is steady the fit forgets slowly (``forget``); for ``drift_steps``
+    after a drift is detected (a lasting shift of the residuals: their exponentially
+    weighted mean, at rate ``drift_rate``, beyond ``drift_threshold`` robust scales) it
+    forgets fast (``drift_forget``), so a replica that slows down is re-fitted within
+    tens of steps.
     """
 
-    forget: float = 0.995
-    drift_forget: float = 0.9
-    drift_steps: int = 30
-    drift_rate: float = 0.1
-    drift_threshold: float = 1.0
-    prior_weight: float = 0.05
-    outlier_k: float = 4.0
-    scale_rate: float = 0.05
-    load_scale_tokens: float = 1e5
-    running_scale: float = 16.0
-    min_steps: int = 20
-
-    def __post_init__(self) -> None:
-        for name in ("forget", "drift_forget"):
-            v = getattr(self, name)
-            if not 0.5 < v <= 1.0:
-                raise ValueError(f"{name}: must lie in (0.5, 1] (got {v})")
-        for name in ("drift_rate", "scale_rate"):
-            v = getattr(self, name)
-            if not 0 < v < 1:
-                raise ValueError(f"{name}: must lie in (0, 1) (got {v})")
-        for name in ("prior_weight", "outlier_k", "drift_threshold", "load_scale_tokens",
-                     "running_scale"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
-        for name in ("drift_steps", "min_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1 (got {getattr(self, name)})")
+    forget: float = option(0.995, gt=0.5, le=1.0, doc="forgetting factor while the "
+                           "replica is steady (0.995: a memory of about 200 steps)")
+    drift_forget: float = option(0.9, gt=0.5, le=1.0, doc="forgetting factor for "
+                                 "drift_steps after a drift is detected")
+    drift_steps: int = option(30, ge=1, doc="steps of fast forgetting after a drift")
+    drift_rate: float = option(0.1, gt=0, lt=1, doc="rate of the residuals' exponentially "
+                               "weighted mean that detects a drift")
+    drift_threshold: float = option(1.0, gt=0, doc="a drift is that mean beyond this many "
+                                    "robust scales")
+    prior_weight: float = option(0.05, gt=0, doc="how many steps' worth of evidence the "
+                                 "prior is (small: the data takes over wherever it is "
+                                 "informative)")
+    outlier_k: float = option(4.0, gt=0, doc="residuals beyond this many robust scales get "
+                              "a Huber weight")
+    scale_rate: float = option(0.05, gt=0, lt=1, doc="rate of the robust residual scale")
+    load_scale_tokens: float = option(1e5, gt=0, doc="feature scaling of the load (only "
+                                      "conditions the numerics)")
+    running_scale: float = option(16.0, gt=0, doc="feature scaling of the running count "
+                                  "(only conditions the numerics)")
+    min_steps: int = option(20, ge=1, doc="a replica counts as calibrated after this many "
+                            "measured steps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +79,8 @@ class Coefficients:
     and how many steps each fit has seen."""
 
     a_s_per_token: FloatArray
-    c_s_per_request: FloatArray
     b_s: FloatArray
+    c_s_per_request: FloatArray
     steps: npt.NDArray[np.int64]
     calibrated: npt.NDArray[np.bool_]
 
@@ -105,15 +95,15 @@ class Coefficients:
 class StepCalibrator:
     """Per-replica online fit of ``t = a L + c N + b`` (see the module docstring).
 
-    ``prior_a``, ``prior_c``, ``prior_b`` (one value or one per replica) are the
-    configured coefficients the fit starts from and relaxes to where data is silent.
+    ``prior`` (default: :class:`StepModel`'s defaults) is the configured model the fit
+    starts from and relaxes to where data is silent.
 
     Raises:
-        ValueError: ``replicas < 1``, a prior of the wrong length, or a negative prior.
+        ValueError: ``replicas < 1``, or a prior with a per-replica coefficient of the
+            wrong length.
     """
 
-    def __init__(self, replicas: int, prior_a: npt.ArrayLike = 5e-7,
-                 prior_c: npt.ArrayLike = 0.0, prior_b: npt.ArrayLike = 0.03,
+    def __init__(self, replicas: int, prior: StepModel | None = None,
                  options: CalibrationOptions | None = None) -> None:
         if replicas < 1:
             raise ValueError("replicas: must be >= 1")
@@ -121,12 +111,11 @@ class StepCalibrator:
         self.opts = options or CalibrationOptions()
         o = self.opts
         self._scale = np.array([o.load_scale_tokens, o.running_scale, 1.0])
-        prior = np.stack([np.broadcast_to(np.asarray(p, dtype=np.float64), (replicas,))
-                          for p in (prior_a, prior_c, prior_b)], axis=1)
-        if (prior < 0).any():
-            raise ValueError("prior: coefficients must be >= 0")
+        a, b, c = (prior or StepModel()).arrays(replicas)
+        # the fit's parameter order follows its features (L, N, 1): (a, c, b)
+        prior_theta = np.stack([a, c, b], axis=1)
         # in scaled units: theta_s = theta * scale (so that x_s . theta_s = x . theta)
-        self._prior_s = prior * self._scale
+        self._prior_s = prior_theta * self._scale
         # prior precision: worth prior_weight steps of data in each (scaled) direction;
         # scaled features are O(1), so one step adds O(1) per direction
         typical = np.maximum(self._prior_s.sum(axis=1), 1e-3)
@@ -190,8 +179,9 @@ class StepCalibrator:
     def coefficients(self) -> Coefficients:
         """The current fit, clipped at 0 (a cost is never negative)."""
         th = np.maximum(self._theta_s / self._scale, 0.0)
-        return Coefficients(th[:, 0].copy(), th[:, 1].copy(), th[:, 2].copy(),
-                            self._steps.copy(), self._steps >= self.opts.min_steps)
+        return Coefficients(a_s_per_token=th[:, 0].copy(), b_s=th[:, 2].copy(),
+                            c_s_per_request=th[:, 1].copy(), steps=self._steps.copy(),
+                            calibrated=self._steps >= self.opts.min_steps)
 
     def residual_scale_s(self) -> FloatArray:
         """The robust scale of each replica's recent residuals (seconds)."""

@@ -195,6 +195,9 @@ _NONE = {"none", "null", ""}
 def _coerce(name: str, hint: Any, value: Any) -> Any:
     """Loose input -> the field's type: strings from command lines, lists from YAML."""
     alts = _alternatives(hint)
+    for h in alts:  # a nested options class (e.g. a predictor's fallback's options)
+        if isinstance(h, type) and issubclass(h, Options) and isinstance(value, Mapping):
+            return parse_options(h, value, owner=name)
     if isinstance(value, str):
         low = value.strip().lower()
         if low in _NONE and type(None) in alts:

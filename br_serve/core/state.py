@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from br_serve.core.step import StepModel
 from br_serve.core.types import (
     UNLIMITED_TOKENS,
     Assignment,
@@ -37,9 +38,7 @@ class ClusterState:
         replicas: int,
         slots: int | npt.ArrayLike,
         kv_limit_tokens: int | npt.ArrayLike | None = None,
-        step_a_s_per_token: float | npt.ArrayLike = 5e-7,
-        step_b_s: float | npt.ArrayLike = 0.03,
-        step_c_s_per_request: float | npt.ArrayLike = 0.0,
+        step: StepModel | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError("replicas: must be >= 1")
@@ -51,12 +50,8 @@ class ClusterState:
         lim = UNLIMITED_TOKENS if kv_limit_tokens is None else kv_limit_tokens
         self.kv_limit: IntArray = np.broadcast_to(np.asarray(lim, dtype=np.int64),
                                                   (replicas,)).copy()
-        self.step_a = np.broadcast_to(np.asarray(step_a_s_per_token, dtype=np.float64),
-                                      (replicas,)).copy()
-        self.step_b = np.broadcast_to(np.asarray(step_b_s, dtype=np.float64),
-                                      (replicas,)).copy()
-        self.step_c = np.broadcast_to(np.asarray(step_c_s_per_request, dtype=np.float64),
-                                      (replicas,)).copy()
+        self.step = (step or StepModel()).for_replicas(replicas)
+        self.step_a, self.step_b, self.step_c = (x.copy() for x in self.step.arrays(replicas))
         self.alive = np.ones(replicas, dtype=bool)
         b = int(self.slots.max())
         shape = (replicas, b)

@@ -125,7 +125,7 @@ class Emulator:
         cfg = self.config
         self.counters.inflight_prefills[rank] += 1
         try:
-            delay = cfg.prefill_base_s + cfg.prefill_s_per_token * prompt_tokens
+            delay = cfg.prefill_p0_s + cfg.prefill_p1_s_per_token * prompt_tokens
             await unless_disconnected(request, asyncio.sleep(delay))
         finally:
             self.counters.inflight_prefills[rank] -= 1

@@ -49,10 +49,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--step-b-s", type=_floats, default=(0.03,),
                    help="step model b (s), one value or one per rank")
     p.add_argument("--slots", type=int, default=256, help="most running requests per rank")
-    p.add_argument("--kv-capacity-tokens", type=int, default=1_000_000,
+    p.add_argument("--kv-limit-tokens", type=int, default=1_000_000,
                    help="KV tokens per rank (denominator of the usage gauges)")
-    p.add_argument("--prefill-base-s", type=float, default=0.0)
-    p.add_argument("--prefill-s-per-token", type=float, default=0.0)
+    p.add_argument("--prefill-p0-s", type=float, default=0.0,
+                   help="prefill seconds per prompt, independent of its length")
+    p.add_argument("--prefill-p1-s-per-token", type=float, default=0.0,
+                   help="prefill seconds per prompt token")
     p.add_argument("--kv-ttl-s", type=float, default=None,
                    help="prefill: release unpulled KV after this (vllm 480, sglang 300)")
     p.add_argument("--bootstrap-wait-s", type=float, default=None,
@@ -80,8 +82,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
         host=args.host, port_per_rank=args.port_per_rank, advertise_host=args.advertise_host,
         bootstrap_port=args.bootstrap_port, model=args.model,
         step_a_s_per_token=args.step_a_s_per_token, step_b_s=args.step_b_s,
-        slots=args.slots, kv_capacity_tokens=args.kv_capacity_tokens,
-        prefill_base_s=args.prefill_base_s, prefill_s_per_token=args.prefill_s_per_token,
+        slots=args.slots, kv_limit_tokens=args.kv_limit_tokens,
+        prefill_p0_s=args.prefill_p0_s,
+        prefill_p1_s_per_token=args.prefill_p1_s_per_token,
         kv_ttl_s=args.kv_ttl_s, bootstrap_wait_s=args.bootstrap_wait_s,
         twin_timeout_s=args.twin_timeout_s, api_key=args.api_key,
         strict_fields=not args.allow_unknown_fields,

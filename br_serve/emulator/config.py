@@ -42,8 +42,8 @@ class EmulatorConfig:
         step_a_s_per_token / step_b_s: the step model per rank (one value = all ranks).
         slots: most running requests per rank (``--max-num-seqs`` /
             ``--max-running-requests``); more wait.
-        kv_capacity_tokens: KV tokens per rank, the denominator of the usage gauges.
-        prefill_base_s / prefill_s_per_token: prefill time ``base + per_token * S``.
+        kv_limit_tokens: KV tokens per rank, the denominator of the usage gauges.
+        prefill_p0_s / prefill_p1_s_per_token: prefill time ``p0 + p1 * S`` (S prompt tokens).
         kv_ttl_s: how long a prefill holds KV nobody pulled before releasing it.
         bootstrap_wait_s: how long a decode waits for its KV to appear at the twin.
         twin_timeout_s: HTTP timeout of one call from a decode to its prefill twin.
@@ -68,9 +68,9 @@ class EmulatorConfig:
     step_a_s_per_token: tuple[float, ...] = (5e-7,)
     step_b_s: tuple[float, ...] = (0.03,)
     slots: int = 256
-    kv_capacity_tokens: int = 1_000_000
-    prefill_base_s: float = 0.0
-    prefill_s_per_token: float = 0.0
+    kv_limit_tokens: int = 1_000_000
+    prefill_p0_s: float = 0.0
+    prefill_p1_s_per_token: float = 0.0
     kv_ttl_s: float | None = None
     bootstrap_wait_s: float | None = None
     twin_timeout_s: float = 5.0
@@ -105,12 +105,12 @@ class EmulatorConfig:
         object.__setattr__(self, "step_b_s", b)
         object.__setattr__(self, "_model", StepModel(a, b))
         _check(self.slots >= 1, "--slots", "must be >= 1", self.slots)
-        _check(self.kv_capacity_tokens >= 1, "--kv-capacity-tokens", "must be >= 1",
-               self.kv_capacity_tokens)
-        _check(self.prefill_base_s >= 0, "--prefill-base-s", "must be >= 0",
-               self.prefill_base_s)
-        _check(self.prefill_s_per_token >= 0, "--prefill-s-per-token", "must be >= 0",
-               self.prefill_s_per_token)
+        _check(self.kv_limit_tokens >= 1, "--kv-limit-tokens", "must be >= 1",
+               self.kv_limit_tokens)
+        _check(self.prefill_p0_s >= 0, "--prefill-p0-s", "must be >= 0",
+               self.prefill_p0_s)
+        _check(self.prefill_p1_s_per_token >= 0, "--prefill-p1-s-per-token",
+               "must be >= 0", self.prefill_p1_s_per_token)
         if self.kv_ttl_s is None:
             object.__setattr__(self, "kv_ttl_s", DEFAULT_KV_TTL_S[self.protocol])
         _check(self.ttl_s > 0, "--kv-ttl-s", "must be > 0", self.kv_ttl_s)

@@ -212,11 +212,11 @@ def load_row(emu: Emulator, g: int) -> dict[str, Any]:
     else:
         running, waiting = emu.counters.inflight_prefills[g], 0
         used = emu.broker.ledger.held_tokens(g)
-    usage = used / cfg.kv_capacity_tokens
+    usage = used / cfg.kv_limit_tokens
     return {"dp_rank": g, "timestamp": time.time(), "num_running_reqs": running,
             "num_waiting_reqs": waiting, "num_total_reqs": running + waiting,
             "num_used_tokens": used, "num_total_tokens": used,
-            "max_total_num_tokens": cfg.kv_capacity_tokens, "token_usage": usage,
+            "max_total_num_tokens": cfg.kv_limit_tokens, "token_usage": usage,
             "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": usage,
             "max_running_requests": cfg.slots}
 

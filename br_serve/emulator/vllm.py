@@ -204,7 +204,7 @@ def metrics_text(emu: Emulator, rank: int | None) -> str:
     """The Prometheus exposition of the ranks this server owns (all, or ``rank``)."""
     cfg, core, c = emu.config, emu.core, emu.counters
     ranks = range(cfg.dp_size) if rank is None else [rank]
-    cap = cfg.kv_capacity_tokens
+    cap = cfg.kv_limit_tokens
     values: dict[str, list[float]] = {}
     for g in ranks:
         if cfg.role == "decode":

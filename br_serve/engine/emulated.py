@@ -15,7 +15,7 @@ Contracts:
   ``admit`` checks the size (a wrong size means the transport lost data).
 - Output length is ``params.max_tokens`` (EOS never happens), counting the first token
   that prefill returns. Load of a request: ``prompt + decode steps run so far``.
-- ``step`` sleeps ``time_scale * (a * load + c * running + b)`` for this replica alone: the caller
+- ``step`` sleeps ``slowdown * (a * load + c * running + b)`` for this replica alone: the caller
   then joins the barrier, so the slowest replica sets the step, as on real hardware.
 """
 
@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from br_serve.core.step import StepModel
 from br_serve.engine.base import PrefillResult, SamplingParams, TokenEvent
 
 _MASK64 = (1 << 64) - 1
@@ -69,17 +70,16 @@ class EmulatedEngine:
 
     name = "emulated"
 
-    def __init__(self, kv_bytes_per_token: int = 16, step_a_s_per_token: float = 5e-7,
-                 step_b_s: float = 0.03, time_scale: float = 1.0,
+    def __init__(self, kv_bytes_per_token: int = 16, step: StepModel | None = None,
+                 slowdown: float = 1.0,
                  prefill_p0_s: float = 0.0, prefill_p1_s_per_token: float = 0.0,
-                 step_c_s_per_request: float = 0.0,
                  vocab_size: int = 32000,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.kv_bytes_per_token = kv_bytes_per_token
-        self.step_a_s_per_token = step_a_s_per_token
-        self.step_b_s = step_b_s
-        self.time_scale = time_scale
-        self.step_c_s_per_request = step_c_s_per_request
+        self.step_model = step or StepModel()
+        a, b, c = self.step_model.scalar()
+        self.step_a_s_per_token, self.step_b_s, self.step_c_s_per_request = a, b, c
+        self.slowdown = slowdown
         self.prefill_p0_s = prefill_p0_s
         self.prefill_p1_s_per_token = prefill_p1_s_per_token
         self.vocab_size = vocab_size
@@ -108,7 +108,7 @@ class EmulatedEngine:
             raise ValueError("prompt: must contain at least one token")
         if params.max_tokens < 1:
             raise ValueError("max_tokens: must be >= 1")
-        delay = self.time_scale * (self.prefill_p0_s + self.prefill_p1_s_per_token * s)
+        delay = self.slowdown * (self.prefill_p0_s + self.prefill_p1_s_per_token * s)
         if delay > 0:
             self._sleep(delay)
         seed = request_seed(request_id, params)
@@ -135,7 +135,7 @@ class EmulatedEngine:
 
     def step_time_s(self) -> float:
         """Modelled compute time of the next step for this replica alone (scaled)."""
-        return self.time_scale * (self.step_a_s_per_token * self.load_tokens()
+        return self.slowdown * (self.step_a_s_per_token * self.load_tokens()
                                   + self.step_c_s_per_request * len(self._running)
                                   + self.step_b_s)
 

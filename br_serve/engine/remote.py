@@ -354,16 +354,16 @@ REMOTE_START_WAIT_S = 30.0
 
 
 def remote_rank(cfg: Any, index: int) -> RemoteDecodeEngine:
-    """The proxy of remote DP rank ``index`` of a graph config (waits for its health,
-    bounded).
+    """The proxy of remote DP rank ``index`` of a graph's ``remote`` section
+    (:class:`~br_serve.engine.remote_spec.RemoteConfig`; waits for its health, bounded).
 
     Raises:
         RemoteRankDown: the rank did not answer ``/health`` in time.
     """
     url, pin = cfg.decode_target(index)
     engine = RemoteDecodeEngine(url, pin, Timeouts(
-        connect_s=cfg.remote_connect_s, first_byte_s=cfg.remote_first_token_s,
-        stall_s=cfg.remote_stall_s, keepalive_s=cfg.remote_keepalive_s),
-        api_key=cfg.engine_api_key)
+        connect_s=cfg.connect_s, first_byte_s=cfg.first_token_s,
+        stall_s=cfg.stall_s, keepalive_s=cfg.keepalive_s),
+        api_key=cfg.api_key)
     engine.wait_healthy(REMOTE_START_WAIT_S)
     return engine

@@ -1,11 +1,11 @@
 """Configuration of remote PD engines (vLLM / vllm-ascend, SGLang) behind the graph.
 
-A pydantic mixin of :class:`~br_serve.engine.factory.EngineSpec`: with
-``engine=vllm`` or ``engine=sglang`` the graph runs no model itself. Its Prefill
-deployment calls ``prefill_urls`` and each decode replica actor proxies one DP rank:
-``decode_urls[g]`` (one server per rank, vLLM's "external DP"), or the single
-``decode_urls[0]`` with the rank pinned per request (vLLM: the
-``X-data-parallel-rank`` header; SGLang: ``routed_dp_rank``) when ``dp_size`` is given.
+The graph's ``remote`` section: with ``engine.name=vllm`` or ``sglang`` the graph runs
+no model itself. Its Prefill deployment calls ``remote.prefill_urls`` and each decode
+replica actor proxies one DP rank: ``decode_urls[g]`` (one server per rank, vLLM's
+"external DP"), or the single ``decode_urls[0]`` with the rank pinned per request (vLLM:
+the ``X-data-parallel-rank`` header; SGLang: ``routed_dp_rank``) when ``dp_size`` is
+given.
 The contracts are in docs/engine-contracts.md.
 """
 
@@ -45,7 +45,7 @@ def _url_list(v: Any) -> Any:
     return v
 
 
-class RemoteSpec(BaseModel):
+class RemoteConfig(BaseModel):
     """Where the remote engines are and how the graph talks to them. Frozen."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -59,25 +59,20 @@ class RemoteSpec(BaseModel):
     dp_size: int | None = Field(default=None, ge=1, le=256)
     """vllm/sglang: DP ranks behind the single URL of ``decode_urls`` (pinned per
     request); unset: one URL per rank. Sets ``replicas``."""
-    remote_model: str | None = None
-    """vllm/sglang: the model name sent to the engines (unset: ``model``)."""
-    engine_api_key: str | None = None
+    model: str | None = None
+    """vllm/sglang: the model name sent to the engines (unset: ``serve.model``)."""
+    api_key: str | None = None
     """vllm/sglang: bearer key of the engines' own ``--api-key``."""
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     """sglang: the prefill servers' ``--disaggregation-bootstrap-port`` (unset: the
     port of each prefill URL, as the emulator serves it)."""
-    pool_ttl_s: float = Field(default=240.0, gt=0)
-    """vllm/sglang: most seconds a prefilled request may wait in the pool; after it its
-    prefill KV is released on the engine (cancel / abort) and the request is
-    re-prefilled when it is bound. Keep it below the engine's own hold bound
-    (``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT``, 480 s; SGLang's bootstrap timeout, 300 s)."""
-    remote_connect_s: float = Field(default=3.0, gt=0)
+    connect_s: float = Field(default=3.0, gt=0)
     """vllm/sglang: bound on connecting to an engine."""
-    remote_first_token_s: float = Field(default=120.0, gt=0)
+    first_token_s: float = Field(default=120.0, gt=0)
     """vllm/sglang: bound on a decode stream's first token (KV transfer included)."""
-    remote_stall_s: float = Field(default=30.0, gt=0)
+    stall_s: float = Field(default=30.0, gt=0)
     """vllm/sglang: most seconds between two chunks of a flowing decode stream."""
-    remote_keepalive_s: float = Field(default=KEEPALIVE_S, gt=0)
+    keepalive_s: float = Field(default=KEEPALIVE_S, gt=0)
     """vllm/sglang: most seconds an idle pooled connection to an engine is reused. Keep
     it below the engines' server keep-alive timeout (uvicorn's 5 s unless changed, e.g.
     ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``): a request sent on a connection the server is
@@ -104,9 +99,9 @@ class RemoteSpec(BaseModel):
         """The replica count the remote layout implies (checked against ``replicas``
         when the caller gave one). Raises ``ValueError`` naming the field."""
         if not self.prefill_urls:
-            raise ValueError(f"prefill_urls: required with engine={engine!r}")
+            raise ValueError(f"prefill_urls: required with engine.name={engine!r}")
         if not self.decode_urls:
-            raise ValueError(f"decode_urls: required with engine={engine!r}")
+            raise ValueError(f"decode_urls: required with engine.name={engine!r}")
         if self.dp_size is not None:
             if len(self.decode_urls) != 1:
                 raise ValueError(f"dp_size: give one decode URL with dp_size "
@@ -119,7 +114,7 @@ class RemoteSpec(BaseModel):
             ranks = len(self.decode_urls)
         if replicas is not None and replicas != ranks:
             raise ValueError(f"replicas: {replicas} does not match the {ranks} decode "
-                             "ranks of decode_urls / dp_size (leave it out)")
+                             "ranks of remote.decode_urls / remote.dp_size (leave it out)")
         return ranks
 
     def decode_target(self, rank: int) -> tuple[str, int | None]:

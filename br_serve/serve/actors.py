@@ -37,8 +37,8 @@ class GraphActors:
 
 
 def _decode_options(cfg: GraphConfig, g: int) -> dict[str, Any]:
-    _, names = actor_names(cfg.app_name, cfg.replicas)
-    return {"name": names[g], "namespace": cfg.namespace, "get_if_exists": True,
+    _, names = actor_names(cfg.serve.app_name, cfg.replicas)
+    return {"name": names[g], "namespace": cfg.serve.namespace, "get_if_exists": True,
             "max_restarts": 0, "max_concurrency": 1000, **cfg.replica_actor_options()}
 
 
@@ -50,25 +50,25 @@ def _makers(cfg: GraphConfig) -> tuple[Any, list[Any], Any]:
     from br_serve.serve.scheduler.actor import Scheduler
     from br_serve.transport.keeper import KVKeeper, keeper_name
 
-    config = cfg.model_dump()
-    sched_name, decode_names = actor_names(cfg.app_name, cfg.replicas)
+    sched_name, decode_names = actor_names(cfg.serve.app_name, cfg.replicas)
 
     def keeper() -> Any:
         return ray.remote(KVKeeper).options(
-            name=keeper_name(cfg.app_name), namespace=cfg.namespace, get_if_exists=True,
+            name=keeper_name(cfg.serve.app_name), namespace=cfg.serve.namespace,
+            get_if_exists=True,
             num_cpus=0, max_concurrency=1000, max_restarts=-1, max_task_retries=0,
-        ).remote(cfg.kv_transport(), cfg.mooncake_master, ttl_s=cfg.keeper_ttl_s(),
-                 api_key=cfg.engine_api_key)
+        ).remote(cfg.kv_transport(), cfg.transport.mooncake_master,
+                 ttl_s=cfg.keeper_ttl_s(), api_key=cfg.remote.api_key)
 
     def decode(g: int) -> Any:
         return ray.remote(DecodeReplica).options(**_decode_options(cfg, g)).remote(
-            g, config, sched_name)
+            g, cfg, sched_name)
 
     def scheduler() -> Any:
         return ray.remote(Scheduler).options(
-            name=sched_name, namespace=cfg.namespace, get_if_exists=True, num_cpus=0,
+            name=sched_name, namespace=cfg.serve.namespace, get_if_exists=True, num_cpus=0,
             max_restarts=-1, max_task_retries=0, max_concurrency=1000,
-        ).remote(config, decode_names)
+        ).remote(cfg, decode_names)
 
     return keeper, [lambda g=g: decode(g) for g in range(cfg.replicas)], scheduler
 
@@ -117,13 +117,13 @@ async def replace_decode(cfg: GraphConfig, g: int, old: Any, attempts: int = 40)
 
     from br_serve.serve.replica.decode import DecodeReplica
 
-    sched_name, _ = actor_names(cfg.app_name, cfg.replicas)
+    sched_name, _ = actor_names(cfg.serve.app_name, cfg.replicas)
     with contextlib.suppress(*GONE, ValueError):
         ray.kill(old, no_restart=True)
     old_id = old._actor_id if hasattr(old, "_actor_id") else None
     for _ in range(attempts):
         handle: Any = ray.remote(DecodeReplica).options(**_decode_options(cfg, g)).remote(
-            g, cfg.model_dump(), sched_name)
+            g, cfg, sched_name)
         if old_id is not None and handle._actor_id == old_id:
             await asyncio.sleep(0.5)  # the name still points at the dead one
             continue

@@ -1,9 +1,10 @@
 """``br-serve`` subcommands of the serving graph: ``serve`` and ``demo`` (the benchmarks
 of the graph are in :mod:`br_serve.bench.cli`).
 
-Graph options are passed as ``--set key=value`` (any :class:`GraphConfig` field, the
-same names as the ``serve run ... key=value`` builder arguments); a bad one exits 2 with
-a message naming it. Ray and the graph are imported inside the commands.
+Graph options are passed as ``--set key=value`` (any :class:`GraphConfig` field by its
+path, ``serve.port`` or ``serve_port``: the same names as the ``serve run ... key=value``
+builder arguments); a bad one exits 2 with a message naming it. Ray and the graph are
+imported inside the commands.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     start_ray(args.num_cpus)
     try:
         deploy(cfg)
-        print(f"serving {cfg.model!r} on http://{cfg.host}:{cfg.port}/v1 "
-              f"(G={cfg.replicas}, policy={cfg.policy}); Ctrl-C to stop", flush=True)
+        print(f"serving {cfg.serve.model!r} on http://{cfg.serve.host}:{cfg.serve.port}/v1 "
+              f"(G={cfg.replicas}, policy={cfg.policy.name}); Ctrl-C to stop", flush=True)
         while True:
             time.sleep(3600)
     finally:
@@ -77,13 +78,14 @@ async def _demo_requests(cfg: GraphConfig, n: int, max_tokens: int) -> list[dict
     key = cfg.resolved_api_key()
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    async with httpx.AsyncClient(base_url=f"http://{cfg.host}:{cfg.port}", timeout=120,
+    async with httpx.AsyncClient(base_url=f"http://{cfg.serve.host}:{cfg.serve.port}",
+                                 timeout=120,
                                  headers=headers) as c:
         async def one(i: int) -> dict[str, Any]:
             prompt = " ".join(["word"] * (20 + 97 * i))
             t0 = time.perf_counter()
             r = await c.post("/v1/completions", json={
-                "model": cfg.model, "prompt": prompt, "max_tokens": max_tokens, "seed": i})
+                "model": cfg.serve.model, "prompt": prompt, "max_tokens": max_tokens, "seed": i})
             body = r.json()
             return {"status": r.status_code, "latency_s": round(time.perf_counter() - t0, 3),
                     "usage": body.get("usage"),
@@ -96,7 +98,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Start local Ray, deploy the default graph, send requests, print, shut down."""
     import asyncio
 
-    opts = {"port": str(free_port()), **kv_args(args.set)}
+    opts = {"serve.port": str(free_port()), **kv_args(args.set)}
     cfg = parse_graph_config(opts)
     from br_serve.serve.graph import deploy
 
@@ -104,8 +106,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         t0 = time.perf_counter()
         deploy(cfg)
-        print(f"deployed G={cfg.replicas} policy={cfg.policy} on "
-              f"http://{cfg.host}:{cfg.port} in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(f"deployed G={cfg.replicas} policy={cfg.policy.name} on "
+              f"http://{cfg.serve.host}:{cfg.serve.port} in {time.perf_counter() - t0:.1f}s",
+              flush=True)
         results = asyncio.run(_demo_requests(cfg, args.requests, args.max_tokens))
         for i, r in enumerate(results):
             print(f"request {i}: {json.dumps(r)}")
@@ -113,7 +116,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         key = cfg.resolved_api_key()
         hdr = {"Authorization": f"Bearer {key}"} if key else {}
-        state = httpx.get(f"http://{cfg.host}:{cfg.port}/v1/br/state", headers=hdr).json()
+        state = httpx.get(f"http://{cfg.serve.host}:{cfg.serve.port}/v1/br/state",
+                          headers=hdr).json()
         print("state:", json.dumps(state))
         ok = all(r["status"] == 200 and r["usage"]["completion_tokens"] == args.max_tokens
                  for r in results)
@@ -127,7 +131,8 @@ def common_arguments() -> argparse.ArgumentParser:
     """``--set KEY=VALUE`` and ``--num-cpus``, shared by every graph command."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="graph option (GraphConfig field), repeatable")
+                        help="graph option by its path (serve.port, step.b_s, policy, "
+                        "policy.options.r_max, ...; or with _ for the dots), repeatable")
     common.add_argument("--num-cpus", type=int, default=None,
                         help="CPUs for the local Ray (default: all)")
     return common

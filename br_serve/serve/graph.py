@@ -4,7 +4,7 @@
 Serve application: Prefill (N replicas; in front of remote prefill servers with
 ``engine=vllm|sglang``) -> Ingress (one replica, FastAPI). The ingress
 creates the scheduler and decode replica actors. ``deploy(cfg)`` starts Serve's HTTP
-proxy on ``cfg.host:cfg.port`` and runs the application (for the demo, tests and
+proxy on ``cfg.serve.host:cfg.serve.port`` and runs the application (for the demo, tests and
 benchmarks; users run ``serve run graphs.balance_route:app``).
 """
 
@@ -29,29 +29,28 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
     from br_serve.serve.prefill.worker import PrefillWorker
 
     cfg = parse_graph_config(args)
-    conf = cfg.model_dump()
     worker = RemotePrefillWorker if cfg.is_remote else PrefillWorker
     prefill = serve.deployment(worker, name="Prefill").options(  # type: ignore[attr-defined]
-        num_replicas=cfg.prefill_replicas, ray_actor_options=cfg.replica_actor_options(),
+        num_replicas=cfg.prefill.replicas, ray_actor_options=cfg.replica_actor_options(),
         max_ongoing_requests=1000)
     ingress = serve.deployment(Ingress, name="Ingress").options(  # type: ignore[attr-defined]
         num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10000)
-    return ingress.bind(prefill.bind(conf), conf)
+    return ingress.bind(prefill.bind(cfg), cfg)
 
 
 def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) -> Any:
-    """Start Serve (HTTP on ``cfg.host:cfg.port``) and run the app; returns its handle
+    """Start Serve (HTTP on ``cfg.serve.host:cfg.serve.port``) and run the app; returns its handle
     once the scheduler is ready (replicas found, barrier group formed)."""
     from ray import serve
 
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
     try:
-        handle = serve.run(build(cfg), name=cfg.app_name, route_prefix=route_prefix,
+        handle = serve.run(build(cfg), name=cfg.serve.app_name, route_prefix=route_prefix,
                            blocking=blocking)
     except RuntimeError as exc:
         # Serve's own message names only the failed deployments; the reason (e.g.
-        # "prefill_urls[0] ...: cannot reach the engine") is in their status
-        why = failure_reasons(cfg.app_name)
+        # "remote.prefill_urls[0] ...: cannot reach the engine") is in their status
+        why = failure_reasons(cfg.serve.app_name)
         if not why:
             raise
         raise RuntimeError(f"{exc} {why}") from exc

@@ -96,13 +96,13 @@ class CapacityResult:
 def _floor_note(spec: RunSpec, slo: SLO) -> str | None:
     """Why no rate at all can meet ``slo`` on this cluster, or None."""
     c = spec.config
-    b = min(c.coefficients(c.replicas)[1])
+    b = float(c.step_model().arrays(c.replicas)[1].min())
     if 1e3 * b > slo.tpot_p95_ms:
         return (f"no rate can meet the SLO: every decode step takes at least "
                 f"b = {1e3 * b:g} ms > TPOT P95 {slo.tpot_p95_ms:g} ms")
-    if not c.saturated and c.prefill_p0_s + b > slo.ttft_p95_s:
+    if not c.sim.saturated and c.prefill.p0_s + b > slo.ttft_p95_s:
         return (f"no rate can meet the SLO: one prefill plus one step take at least "
-                f"{c.prefill_p0_s + b:g} s > TTFT P95 {slo.ttft_p95_s:g} s")
+                f"{c.prefill.p0_s + b:g} s > TTFT P95 {slo.ttft_p95_s:g} s")
     return None
 
 
@@ -119,8 +119,8 @@ def capacity(trace: Trace, specs: Sequence[RunSpec], slo: SLO, *, replays: int =
             arguments, a baseline that is not among the specs (named fields).
     """
     br = bracket or Bracket()
-    if any(s.config.saturated for s in specs):
-        raise ValueError("saturated: capacity needs trace-timed runs (arrival times)")
+    if any(s.config.sim.saturated for s in specs):
+        raise ValueError("sim.saturated: capacity needs trace-timed runs (arrival times)")
     check_baseline(specs, baseline)
     reps = make_replays(trace, replay_mode, replays, limit=limit, seed=seed,
                         jitter_ms=jitter_ms)
@@ -132,7 +132,7 @@ def capacity(trace: Trace, specs: Sequence[RunSpec], slo: SLO, *, replays: int =
     hi0: dict[int, float] = {}
     for i, s in enumerate(specs):
         c = s.config
-        b = min(c.coefficients(c.replicas)[1])
+        b = float(c.step_model().arrays(c.replicas)[1].min())
         bound = c.replicas * c.slots / max(b, 1e-9) / mean_out
         hi0[i] = br.hi_req_s if br.hi_req_s is not None else bound
     lo0 = {i: br.lo_req_s if br.lo_req_s is not None else hi0[i] / br.lo_fraction
@@ -211,9 +211,9 @@ class _Search:
 
     def result(self, spec: RunSpec, slo: SLO, br: Bracket) -> dict[str, Any]:
         c = spec.config
-        row: dict[str, Any] = {"label": spec.name, "policy": c.policy,
-                               "predictor": c.predictor, "replicas": c.replicas,
-                               "slots": c.slots, "policy_options": dict(c.policy_options),
+        row: dict[str, Any] = {"label": spec.name, "policy": c.policy.name,
+                               "predictor": c.predictor.name, "replicas": c.replicas,
+                               "slots": c.slots, "policy_options": dict(c.policy.options),
                                "engine_options": engine_options(c),
                                "rate_lo_req_s": self.lo0, "rate_hi_req_s": self.hi0,
                                "rel_tol": br.rel_tol}

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("capacity", help="capacity at a latency SLO, per policy (simulated)",
                        description=__doc__)
     add_trace_args(p)
-    add_cluster_args(p)
+    add_cluster_args(p, skip=("sim.saturated",))
     p.add_argument("--slo-tpot-p95-ms", type=float, required=True,
                    help="TPOT P95 objective (ms), on the ensemble mean")
     p.add_argument("--slo-ttft-p95-s", type=float, required=True,
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         else None
     res = capacity(trace, specs, slo, replays=replays, replay_mode=mode,
                    limit=args.limit if mode == "window" else None, jitter_ms=args.jitter_ms,
-                   seed=args.seed, baseline=args.baseline, bracket=bracket,
+                   seed=specs[0].config.seed, baseline=args.baseline, bracket=bracket,
                    warm_start=history,
                    jobs=default_jobs() if args.jobs is None else args.jobs, progress=say)
     doc = {**res.to_dict(), **trace_meta(args, trace), "wall_s": time.perf_counter() - t0}

@@ -33,27 +33,6 @@ def _ints(name: str, text: str) -> list[int]:
     return vals
 
 
-def _coef(name: str, text: str) -> float | tuple[float, ...]:
-    try:
-        vals = tuple(float(x) for x in _csv(text))
-    except ValueError:
-        raise ValueError(f"--{name}: expected a number or a comma list, got {text!r}") from None
-    if not vals:
-        raise ValueError(f"--{name}: empty")
-    return vals[0] if len(vals) == 1 else vals
-
-
-def _drift(text: str) -> tuple[int, int, float]:
-    """``"G@STEPxF"`` -> ``(G, STEP, F)``."""
-    try:
-        g, rest = text.split("@", 1)
-        step, factor = rest.split("x", 1)
-        return int(g), int(step), float(factor)
-    except ValueError:
-        raise ValueError(f"--step-drift: expected REPLICA@STEPxFACTOR, e.g. 3@5000x2.0, "
-                         f"got {text!r}") from None
-
-
 def add_trace_args(p: argparse.ArgumentParser) -> None:
     """Trace file and filters (shared by ``sim`` and ``capacity``)."""
     p.add_argument("--trace", required=True, help="trace file")
@@ -66,41 +45,25 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output", type=int, default=None)
     p.add_argument("--start-s", type=float, default=None)
     p.add_argument("--end-s", type=float, default=None)
-    p.add_argument("--time-scale", type=float, default=1.0,
+    p.add_argument("--arrival-scale", type=float, default=1.0,
                    help="multiply arrival times (0.5 = twice the request rate)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted)")
 
 
-def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """Policies, cluster and cost model (shared by ``sim`` and ``capacity``)."""
+def add_cluster_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """Policies, cluster and cost model (shared by ``sim`` and ``capacity``): the sweep
+    (``--policies``, ``--replicas``, ``--predictor``) and one flag per other
+    :class:`~br_serve.sim.config.SimConfig` field, named by its path (``--step-b-s`` for
+    ``step.b_s``, ``--sim-saturated`` for ``sim.saturated``); ``skip``: paths left out."""
+    from br_serve.config.tree import add_flags
+    from br_serve.sim.config import SimConfig
+
     p.add_argument("--policies", default="jsq,br0", help="comma list; brh:NAME pins a predictor")
-    p.add_argument("--replicas", default="8", help="G, or a comma list")
-    p.add_argument("--slots", type=int, default=16, help="B: requests per replica")
-    p.add_argument("--horizon", type=int, default=None,
-                   help="shorthand for --policy-option horizon=H (policies with a horizon)")
+    p.add_argument("--replicas", default="8", help="G, or a comma list (one run per value)")
     p.add_argument("--predictor", default=None,
                    help="predictor(s) for brh, comma list (survival, exact, oracle, ...)")
-    p.add_argument("--predictor-model", default=None, help="model file for 'learned'")
     p.add_argument("--warm-start", default=None, metavar="TRACE",
                    help="feed this (earlier) trace to each predictor as finished history")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-limit", type=int, default=None, help="KV tokens per replica")
-    p.add_argument("--pool-capacity", type=int, default=65536)
-    p.add_argument("--prefill-replicas", type=int, default=8,
-                   help="prefill servers (trace-timed mode)")
-    p.add_argument("--prefill-p0-s", type=float, default=0.02)
-    p.add_argument("--prefill-p1-s", type=float, default=2e-5, help="seconds per prompt token")
-    p.add_argument("--step-a", default="5e-7",
-                   help="s per KV token; one value, or one per replica (comma list)")
-    p.add_argument("--step-b", default="0.03",
-                   help="s per step; one value, or one per replica (comma list)")
-    p.add_argument("--step-drift", action="append", default=[], metavar="G@STEPxF",
-                   help="replica G's steps take F times as long from decode step STEP on "
-                   "(repeatable), e.g. 3@5000x2.0")
-    p.add_argument("--step-noise-cv", type=float, default=0.0,
-                   help="per-step lognormal noise on each replica's step time (CV)")
-    p.add_argument("--step-c", default="0",
-                   help="s per running request; one value, or one per replica (comma list)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable): KEY for every listed policy that has "
                    "it, POLICY.KEY for one, e.g. r_max=4 or brh.gamma=0.97")
@@ -108,6 +71,8 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="decode-rank scheduling (repeatable): KEY for every run, ENTRY.KEY "
                    "for one --policies entry (a policy or a LABEL=POLICY variant), e.g. "
                    "jsq-dl.dyntralb_bubble_threshold_blocks=5 (docs/simulator.md)")
+    add_flags(p, SimConfig, skip=("replicas", "policy", "predictor.name",
+                                  *skip))
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--progress", action="store_true", help="progress on stderr")
     p.add_argument("--out", required=True, help="output directory")
@@ -120,7 +85,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description=__doc__)
     add_trace_args(p)
     add_cluster_args(p)
-    p.add_argument("--saturated", action="store_true", help="all requests at t=0")
     p.add_argument("--series-max-rows", type=int, default=200_000)
     add_ensemble_args(p)
     p.set_defaults(func=run)
@@ -157,7 +121,7 @@ def load_cli_trace(args: argparse.Namespace, limit: bool = True) -> Trace:
 
     trace = load_trace(args.trace, args.format, limit=args.limit if limit else None,
                        min_output=args.min_output, max_output=args.max_output,
-                       start_s=args.start_s, end_s=args.end_s, time_scale=args.time_scale,
+                       start_s=args.start_s, end_s=args.end_s, arrival_scale=args.arrival_scale,
                        skip_bad=args.skip_bad)
     if len(trace) == 0:
         raise ValueError(f"--trace: no requests left in {args.trace} after the filters")
@@ -165,6 +129,13 @@ def load_cli_trace(args: argparse.Namespace, limit: bool = True) -> Trace:
         print(f"{args.command}: skipped {trace.skipped_lines} malformed line(s) in "
               f"{args.trace}", file=sys.stderr)
     return trace
+
+
+def saturated_flag(args: argparse.Namespace) -> bool:
+    """Whether ``--sim-saturated`` was given."""
+    from br_serve.config.tree import given_flags
+
+    return str(given_flags(args).get("sim.saturated", False)).lower() in ("true", "1")
 
 
 def cluster_configs(args: argparse.Namespace, saturated: bool) -> list[SimConfig]:
@@ -181,56 +152,48 @@ def cluster_specs(args: argparse.Namespace, saturated: bool) -> list[RunSpec]:
     """One labelled run per planned (policy entry, predictor) x ``--replicas``; a
     ``LABEL=POLICY`` entry's runs carry ``LABEL`` (``LABEL+PREDICTOR``)."""
     from br_serve.config.plan import parse_key_values, plan_policy_runs
+    from br_serve.config.tree import given_flags
+    from br_serve.sim.config import parse_sim_config
     from br_serve.sim.runner import RunSpec
 
     options = parse_key_values(args.policy_option)
-    if args.horizon is not None:
-        options.setdefault("horizon", str(args.horizon))
     preds = _csv(args.predictor) if args.predictor else [None]
     runs = plan_policy_runs(_csv(args.policies), options, preds)
     engine = _engine_options(args, [r.variant or r.policy for r in runs])
-    return [RunSpec(_config(args, saturated, run, g, engine.get(run.variant or run.policy,
-                                                                {})),
+    given = given_flags(args)
+    if saturated:
+        given["sim.saturated"] = True
+    # the predictor's own flags go to the runs that have a predictor
+    shared = {k: v for k, v in given.items() if not k.startswith("predictor.")}
+    return [RunSpec(parse_sim_config(given if run.predictor else shared, replicas=g,
+                                     policy=run.policy, policy_options=run.options,
+                                     predictor=run.predictor,
+                                     **engine[run.variant or run.policy]),
                     run.label if run.variant else "")
             for g in _ints("replicas", args.replicas) for run in runs]
 
 
 def _engine_options(args: argparse.Namespace, entries: list[str]) -> dict[str, dict[str, Any]]:
-    """``--engine-option`` per entry key; refuses unknown fields and entries by name."""
+    """``--engine-option`` per entry key (flat names, e.g. ``dyntralb_mode``); refuses
+    unknown fields and entries by name."""
     from br_serve.config.plan import parse_key_values
-    from br_serve.sim.config import ENGINE_FIELDS
+    from br_serve.config.tree import leaves
+    from br_serve.sim.config import ENGINE_FIELDS, SimConfig
 
+    known = {"_".join(leaf.path) for leaf in leaves(SimConfig)
+             if leaf.path[0] in ENGINE_FIELDS}
     out: dict[str, dict[str, Any]] = {e: {} for e in entries}
     for key, value in parse_key_values(args.engine_option, "--engine-option").items():
         entry, dot, field = key.rpartition(".")
-        if field not in ENGINE_FIELDS:
+        if field not in known:
             raise ValueError(f"--engine-option: {field!r} is not an engine option (known: "
-                             f"{', '.join(sorted(ENGINE_FIELDS))})")
+                             f"{', '.join(sorted(known))})")
         if dot and entry not in out:
             raise ValueError(f"--engine-option: {key!r} names no --policies entry (entries: "
                              f"{', '.join(dict.fromkeys(entries))})")
         for e in ([entry] if dot else list(out)):
             out[e][field] = value
     return out
-
-
-def _config(args: argparse.Namespace, saturated: bool, run: Any, g: int,
-            engine: dict[str, Any]) -> SimConfig:
-    from br_serve.sim.config import parse_sim_config
-
-    return parse_sim_config(
-        policy=run.policy, policy_options=run.options, predictor=run.predictor,
-        predictor_model_path=args.predictor_model,
-        replicas=g, slots=args.slots, kv_limit_tokens=args.kv_limit,
-        seed=args.seed, saturated=saturated,
-        step_a_s_per_token=_coef("step-a", args.step_a),
-        step_b_s=_coef("step-b", args.step_b),
-        step_c_s_per_request=_coef("step-c", args.step_c),
-        step_drift=tuple(_drift(d) for d in args.step_drift),
-        step_noise_cv=args.step_noise_cv,
-        prefill_replicas=args.prefill_replicas,
-        prefill_p0_s=args.prefill_p0_s, prefill_p1_s_per_token=args.prefill_p1_s,
-        pool_capacity=args.pool_capacity, **engine)
 
 
 def trace_meta(args: argparse.Namespace, trace: Trace) -> dict[str, Any]:
@@ -253,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     from br_serve.traces import load_trace
 
     ensemble = wants_ensemble(args)
-    saturated = args.saturated or bool(args.stationary)
+    saturated = saturated_flag(args) or bool(args.stationary)
     windows = ensemble and replay_mode(args, saturated) == "window"
     trace = load_cli_trace(args, limit=not windows)
     history = load_trace(args.warm_start, skip_bad=args.skip_bad) if args.warm_start else None

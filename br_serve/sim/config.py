@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from br_serve.config import ClusterConfig, validated
+from br_serve.config import ClusterConfig, Section
+from br_serve.config.tree import parse_config
 
 
-class SimConfig(ClusterConfig):
-    """One simulated run: the cluster of :class:`~br_serve.config.ClusterConfig` plus the
-    simulator's own knobs.
+class SimulatorConfig(Section):
+    """The simulator's own knobs (the ``sim`` section)."""
 
-    Prefill (trace-timed mode only): ``prefill_replicas`` FIFO servers, each taking
-    ``prefill_p0_s + prefill_p1_s_per_token * s`` seconds for a prompt of ``s`` tokens;
-    a full prompt pool (``pool_capacity``) stalls the instance holding a finished prefill.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-    kv_limit_tokens: int | None = Field(default=None, ge=1)
-    """KV tokens per replica; bounds admission (prompt tokens vs. room) only: decode
-    growth past it is not preempted. None: unlimited."""
     saturated: bool = False
     """Every request is already prefilled at t = 0 (the paper's setting); the pool is
-    topped up from the backlog up to ``pool_capacity`` whenever it has room."""
-    pool_capacity: int = Field(default=65536, ge=1)
-    """Prompt pool bound (a full pool stalls prefill)."""
+    topped up from the backlog up to ``pool.capacity`` whenever it has room."""
     max_stretch_steps: int = Field(default=4096, ge=1)
     """Longest run of steps simulated in one vectorised stretch."""
     admit_delay_steps: int = Field(default=0, ge=0, le=64)
@@ -35,59 +24,99 @@ class SimConfig(ClusterConfig):
     holds its slot (and counts in the policy's view) but neither decodes nor loads the
     step. 0 is the paper's model; the Ray graph has 1 (the tick follows the step's
     reports while the next step already runs, and the KV pull overlaps it)."""
-
     step_drift: tuple[tuple[int, int, float], ...] = ()
     """``(replica, from_step, factor)`` entries: from that decode step on, the replica's
-    steps take ``factor`` times as long (a slower chip, throttling, a noisy neighbour)."""
+    steps take ``factor`` times as long (a slower chip, throttling, a noisy neighbour);
+    on a command line ``REPLICA@STEPxFACTOR``, comma-separated."""
     step_noise_cv: float = Field(default=0.0, ge=0)
     """Coefficient of variation of an independent lognormal factor (mean 1) on each
     replica's step time, per step; the same for every policy of a seed."""
 
-    dyntralb_bubble_threshold_blocks: float | None = Field(default=None, gt=0)
+    @field_validator("step_drift", mode="before")
+    @classmethod
+    def _drift_text(cls, v: Any) -> Any:
+        if isinstance(v, str):  # "3@5000x2.0,1@0x1.5" from a command line
+            return tuple(_drift(x.strip()) for x in v.split(",") if x.strip())
+        return v
+
+
+def _drift(text: str) -> tuple[int, int, float]:
+    """``"G@STEPxF"`` -> ``(G, STEP, F)``."""
+    try:
+        g, rest = text.split("@", 1)
+        step, factor = rest.split("x", 1)
+        return int(g), int(step), float(factor)
+    except ValueError:
+        raise ValueError(f"expected REPLICA@STEPxFACTOR, e.g. 3@5000x2.0, got {text!r}") \
+            from None
+
+
+class DyntraLBConfig(Section):
+    """DyntraLB on the simulated decode ranks (the ``dyntralb`` section; docs/simulator.md,
+    "DyntraLB"): vllm-ascend's in-engine balancer, an option of the ranks, usable under
+    any routing policy."""
+
+    bubble_threshold_blocks: float | None = Field(default=None, gt=0)
     """DyntraLB on the decode ranks (vllm-ascend's ``bubble_threshold``; default there
     5.0): plans pause and admit requests until ``max - mean`` of the ranks' running KV
     blocks is under it (a value below 1 is the ratio ``(max - mean) / max``). None: off
     (docs/simulator.md, "DyntraLB")."""
-    dyntralb_block_tokens: int = Field(default=128, ge=1)
+    block_tokens: int = Field(default=128, ge=1)
     """Tokens per KV block, DyntraLB's load unit (vllm-ascend's block size, 128)."""
-    dyntralb_mode: Literal["static", "dynamic"] = "dynamic"
+    mode: Literal["static", "dynamic"] = "dynamic"
     """``dynamic`` (vllm-ascend's default): plan only after a request longer than
-    ``dyntralb_long_request_blocks`` was bound; ``static``: plan on every step."""
-    dyntralb_start_step: int = Field(default=250, ge=0)
+    ``long_request_blocks`` was bound; ``static``: plan on every step."""
+    start_step: int = Field(default=250, ge=0)
     """First step of a busy period after which plans are made (vllm-ascend: 250)."""
-    dyntralb_long_request_blocks: int = Field(default=700, ge=0)
+    long_request_blocks: int = Field(default=700, ge=0)
     """Dynamic mode: blocks a newly bound request must exceed to activate it (700)."""
-    dyntralb_dynamic_max_steps: int = Field(default=256, ge=1)
+    dynamic_max_steps: int = Field(default=256, ge=1)
     """Dynamic mode: active steps without a new long request before it switches off."""
-    dyntralb_waiting_per_rank: int | None = Field(default=None, ge=1)
+    waiting_per_rank: int | None = Field(default=None, ge=1)
     """Bound requests a rank holds beyond its ``slots`` running ones (its local queue,
     DyntraLB's admission candidates; the router's policy sees ``slots`` plus this).
     None: ``slots`` (vllm-ascend gathers up to twice ``max_num_seqs`` per rank)."""
 
+    @property
+    def on(self) -> bool:
+        """Whether the decode ranks run DyntraLB."""
+        return self.bubble_threshold_blocks is not None
+
+
+class SimConfig(ClusterConfig):
+    """One simulated run: the cluster of :class:`~br_serve.config.ClusterConfig` plus the
+    simulator's own section ``sim``.
+
+    Prefill (trace-timed mode only): ``prefill.replicas`` FIFO servers, each taking
+    ``prefill.p0_s + prefill.p1_s_per_token * s`` seconds for a prompt of ``s`` tokens;
+    a full prompt pool (``pool.capacity``) stalls the instance holding a finished prefill.
+    """
+
+    sim: SimulatorConfig = SimulatorConfig()
+    """The simulator's own knobs."""
+    dyntralb: DyntraLBConfig = DyntraLBConfig()
+    """DyntraLB on the decode ranks (off unless ``bubble_threshold_blocks`` is set)."""
+
     @model_validator(mode="after")
     def _dyntralb_alone(self) -> SimConfig:
-        if self.dyntralb_bubble_threshold_blocks is not None and self.admit_delay_steps:
-            raise ValueError("dyntralb_bubble_threshold_blocks: DyntraLB is not modelled "
-                             "with admit_delay_steps > 0 (set one of them to its default)")
+        if self.dyntralb.on and self.sim.admit_delay_steps:
+            raise ValueError("dyntralb.bubble_threshold_blocks: DyntraLB is not modelled "
+                             "with sim.admit_delay_steps > 0 (set one of them to its "
+                             "default)")
         return self
-
-    @property
-    def dyntralb(self) -> bool:
-        """Whether the decode ranks run DyntraLB."""
-        return self.dyntralb_bubble_threshold_blocks is not None
 
     @property
     def rank_capacity(self) -> int:
         """Requests a rank holds bound: ``slots``, plus its DyntraLB waiting queue."""
-        if not self.dyntralb:
+        if not self.dyntralb.on:
             return self.slots
-        return self.slots + (self.dyntralb_waiting_per_rank or self.slots)
+        return self.slots + (self.dyntralb.waiting_per_rank or self.slots)
 
     @model_validator(mode="after")
     def _drift_replicas(self) -> SimConfig:
-        for g, k, f in self.step_drift:
+        for g, k, f in self.sim.step_drift:
             if not 0 <= g < self.replicas or k < 0 or f <= 0:
-                raise ValueError(f"step_drift: ({g}, {k}, {f}) needs 0 <= replica < "
+                raise ValueError(f"sim.step_drift: ({g}, {k}, {f}) needs 0 <= replica < "
                                  f"{self.replicas}, from_step >= 0 and factor > 0")
         return self
 
@@ -95,17 +124,18 @@ class SimConfig(ClusterConfig):
     def label(self) -> str:
         """``policy`` or ``policy+predictor`` (the name used in tables and plots),
         ``+dyntralb`` when the ranks run DyntraLB."""
-        name = self.policy if self.predictor is None else f"{self.policy}+{self.predictor}"
-        return f"{name}+dyntralb" if self.dyntralb else name
+        name = self.policy.name
+        name = name if self.predictor.name is None else f"{name}+{self.predictor.name}"
+        return f"{name}+dyntralb" if self.dyntralb.on else name
 
 
-#: SimConfig fields ``--engine-option`` may set: the decode ranks' own scheduling.
-ENGINE_FIELDS = frozenset({
-    "dyntralb_bubble_threshold_blocks", "dyntralb_block_tokens", "dyntralb_mode",
-    "dyntralb_start_step", "dyntralb_long_request_blocks", "dyntralb_dynamic_max_steps",
-    "dyntralb_waiting_per_rank"})
+#: SimConfig sections ``--engine-option`` may set: the decode ranks' own scheduling.
+ENGINE_FIELDS = frozenset({"dyntralb"})
 
 
-def parse_sim_config(**fields: Any) -> SimConfig:
-    """Build a :class:`SimConfig`; errors are ``ConfigError("<field>: <reason>")``."""
-    return validated(SimConfig, fields)
+def parse_sim_config(data: Mapping[str, Any] | SimConfig | None = None,
+                     **fields: Any) -> SimConfig:
+    """Build a :class:`SimConfig` from ``data`` and ``fields`` (nested, dotted or flat
+    names: ``step_b_s=0.02`` is ``step.b_s``); errors are
+    ``ConfigError("<path>: <reason>")``."""
+    return parse_config(SimConfig, data, **fields)

@@ -133,8 +133,8 @@ def simulate(trace: Trace, config: SimConfig, *,
              progress: bool = False) -> SimResult:
     """Run ``trace`` through the PD model under ``config``; deterministic for a seed.
 
-    The policy is ``config.policy`` with ``config.policy_options``; ``predictor``
-    overrides ``config.predictor`` (an instance, e.g. warm-started).
+    The policy is ``config.policy`` (name and options); ``predictor`` overrides the one
+    ``config.predictor`` describes (an instance, e.g. warm-started).
 
     Raises:
         ValueError: a bad policy option (named), an unknown predictor, or a prompt that
@@ -150,21 +150,20 @@ def simulate(trace: Trace, config: SimConfig, *,
         bad = int(np.argmax(prompt > kv))
         raise ValueError(f"kv_limit_tokens: request {bad} has a {int(prompt[bad])}-token "
                          f"prompt, more than the limit {kv}")
-    cls = policy_class(config.policy)
+    cls = policy_class(config.policy.name)
     pred = predictor if predictor is not None else build_predictor(config)
-    policy = cls(config.policy_options_obj(),
+    policy = cls(config.policy.parsed(),
                  PolicyContext(rng=np.random.default_rng(config.seed), predictor=pred,
                                clock=lambda: 0.0))
     needs = cls.needs_for(policy.options)
     detail = needs.running_detail
     oracle = detail and pred is not None and reads_true_remaining(pred)
 
-    st = ClusterState(g, config.rank_capacity, kv, *config.coefficients(g))
+    st = ClusterState(g, config.rank_capacity, kv, config.step_model())
     dl = _dyntralb(config)
     finish_step = np.full(n, -1, dtype=np.int64) if dl is not None else None
-    calib = (StepCalibrator(g, st.step_a, st.step_c, st.step_b)
-             if needs.calibrated_step_costs else None)
-    arrival = trace.arrival_s if not config.saturated else np.zeros(n)
+    calib = StepCalibrator(g, st.step) if needs.calibrated_step_costs else None
+    arrival = trace.arrival_s if not config.sim.saturated else np.zeros(n)
     prefix = prefix_hashes(trace.hash_ids, n)
     hids = trace.hash_ids
     prompt_l = prompt.tolist()
@@ -186,20 +185,20 @@ def simulate(trace: Trace, config: SimConfig, *,
                            None if prefix[i] < 0 else prefix[i],
                            None if hids is None else hids[i])
 
-    pool_cap = config.pool_capacity
+    pool_cap = config.pool.capacity
     pool = PromptPool(pool_cap)
     feeder: PrefillFeeder | BacklogFeeder
-    if config.saturated:
+    if config.sim.saturated:
         feeder = BacklogFeeder(n, make)
     else:
-        feeder = PrefillFeeder(arrival, prompt, config.prefill_replicas, config.prefill_p0_s,
-                               config.prefill_p1_s_per_token, make)
+        feeder = PrefillFeeder(arrival, prompt, config.prefill.replicas, config.prefill.p0_s,
+                               config.prefill.p1_s_per_token, make)
 
     admit_step = np.full(n, -1, dtype=np.int64)
     replica = np.full(n, -1, dtype=np.int64)
     tick_ns: list[int] = []
     pred_failed = 0
-    steps = Steps(StepPerturbation(g, config.step_drift, config.step_noise_cv,
+    steps = Steps(StepPerturbation(g, config.sim.step_drift, config.sim.step_noise_cv,
                                     config.seed), calib)
     t, k = 0.0, 0
     steady_steps: int | None = None
@@ -212,7 +211,7 @@ def simulate(trace: Trace, config: SimConfig, *,
         bar = tqdm(total=n, desc=config.label, unit="req", mininterval=0.5)
 
     fast = _SnapshotMaker(st)
-    lag = _Lag(g, config.admit_delay_steps)
+    lag = _Lag(g, config.sim.admit_delay_steps)
     retick: float | None = None  # the policy's latest "tick me again at" hint
     while True:
         if feeder.deliver(t, k, pool):
@@ -247,7 +246,7 @@ def simulate(trace: Trace, config: SimConfig, *,
             if feeder.on_room(t, k, pool):
                 changed = True
         changed = False
-        if steady_steps is None and config.saturated and not len(pool) and feeder.exhausted:
+        if steady_steps is None and config.sim.saturated and not len(pool) and feeder.exhausted:
             steady_steps = k
         occ = st.occupied
         if not cnt.any():
@@ -275,7 +274,7 @@ def simulate(trace: Trace, config: SimConfig, *,
             step_load, step_cnt = step_load - lag.load, cnt - lag.cnt
         rem = int(np.where(occ, st.target - st.decoded, _NEVER).min())
         # one step at a time while any request waits: its delay ends at the next one
-        todo = 1 if lag.pending else min(rem, config.max_stretch_steps)
+        todo = 1 if lag.pending else min(rem, config.sim.max_stretch_steps)
         active = None
         if dl is not None:  # DyntraLB decides which bound requests decode, step by step
             active = dl.begin_step(st)
@@ -327,13 +326,12 @@ def simulate(trace: Trace, config: SimConfig, *,
 
 
 def _dyntralb(config: SimConfig) -> DyntraLBEngine | None:
-    if config.dyntralb_bubble_threshold_blocks is None:
+    d = config.dyntralb
+    if d.bubble_threshold_blocks is None:
         return None
     return DyntraLBEngine(config.replicas, config.slots,
-                          config.dyntralb_bubble_threshold_blocks,
-                          config.dyntralb_block_tokens, config.dyntralb_mode,
-                          config.dyntralb_start_step, config.dyntralb_long_request_blocks,
-                          config.dyntralb_dynamic_max_steps)
+                          d.bubble_threshold_blocks, d.block_tokens, d.mode,
+                          d.start_step, d.long_request_blocks, d.dynamic_max_steps)
 
 
 def _first_tokens(st: ClusterState, active: np.ndarray, first_step: np.ndarray,

@@ -19,6 +19,7 @@ of the mean over replays; ``None`` with K = 1).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,14 +48,13 @@ METRICS = (
 #: SimConfig fields that describe the contender rather than the cluster: the router's
 #: policy and the decode ranks' own scheduling (DyntraLB). Runs that differ only in
 #: these are paired.
-POLICY_FIELDS = frozenset({"policy", "policy_options", "predictor", "predictor_options",
-                           "predictor_model_path", "seed"}) | ENGINE_FIELDS
+POLICY_FIELDS = frozenset({"policy", "predictor", "seed"}) | ENGINE_FIELDS
 
 
-def cluster_key(cfg: SimConfig) -> tuple[tuple[str, Any], ...]:
+def cluster_key(cfg: SimConfig) -> str:
     """What must be equal for two runs to be paired (everything but the policy side)."""
-    return tuple(sorted((k, v) for k, v in cfg.model_dump().items()
-                        if k not in POLICY_FIELDS))
+    return json.dumps({k: v for k, v in cfg.model_dump(mode="json").items()
+                       if k not in POLICY_FIELDS}, sort_keys=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +136,11 @@ def paired_gain(runs: Sequence[dict[str, Any]], label: str, against: str,
 
 
 def engine_options(cfg: SimConfig) -> dict[str, Any]:
-    """The decode ranks' scheduling options set away from their defaults."""
-    return cfg.model_dump(include=set(ENGINE_FIELDS), exclude_defaults=True)
+    """The decode ranks' scheduling options set away from their defaults, by their flat
+    names (``dyntralb_mode``, as ``--engine-option`` takes them)."""
+    dumped = cfg.model_dump(include=set(ENGINE_FIELDS), exclude_defaults=True)
+    return {f"{section}_{k}": v for section, fields in dumped.items()
+            for k, v in fields.items()}
 
 
 def check_baseline(specs: Sequence[RunSpec], baseline: str) -> None:
@@ -167,7 +170,7 @@ def assemble(specs: Sequence[RunSpec], reps: Sequence[Replay], rows: list[dict[s
         ensemble.append(_row(spec, grid[s], None if b is None else grid[b], baseline))
     runs = [grid[s][r] for r in range(k) for s in range(p)]
     mode = ("stationary" if stationary is not None
-            else "saturated" if specs[0].config.saturated else "trace")
+            else "saturated" if specs[0].config.sim.saturated else "trace")
     info = [{"index": r.index, "start": r.start, "seed": r.seed, "requests": len(r.trace),
              "mode": r.mode} for r in reps]
     meta: dict[str, Any] = {"window_overlap": window_overlap(reps)}
@@ -217,11 +220,11 @@ def _row(spec: RunSpec, mine: list[dict[str, Any]], base: list[dict[str, Any]] |
          baseline: str) -> dict[str, Any]:
     first = mine[0]
     row: dict[str, Any] = {
-        "label": spec.name, "policy": spec.config.policy, "predictor": first["predictor"],
+        "label": spec.name, "policy": spec.config.policy.name, "predictor": first["predictor"],
         "replicas": spec.config.replicas, "slots": spec.config.slots,
         "mode": first["mode"], "replays": len(mine),
         "baseline": baseline if base is not None else None,
-        "policy_options": dict(spec.config.policy_options),
+        "policy_options": dict(spec.config.policy.options),
         "engine_options": engine_options(spec.config),
     }
     for m in METRICS:

@@ -42,7 +42,7 @@ def add_ensemble_args(p: argparse.ArgumentParser, capacity: bool = False) -> Non
     if not capacity:
         p.add_argument("--stationary", action="store_true",
                        help="stationary saturated mode: pool kept at --pool-depth, metrics "
-                       "after a warm-up (implies --saturated)")
+                       "after a warm-up (implies --sim-saturated)")
         p.add_argument("--pool-depth", type=int, default=None,
                        help="stationary pool depth (default 4 x replicas x slots)")
         p.add_argument("--warmup-admissions", type=int, default=None,
@@ -78,12 +78,12 @@ def run_sim_ensemble(args: argparse.Namespace, trace: Trace, specs: Sequence[Run
     stationary = (Stationary(pool_depth=args.pool_depth,
                              warmup_admissions=args.warmup_admissions)
                   if args.stationary else None)
-    saturated = args.saturated or stationary is not None
+    saturated = specs[0].config.sim.saturated or stationary is not None
     mode = replay_mode(args, saturated)
     k = 1 if args.replays is None else args.replays
     t0 = time.perf_counter()
     ens = run_ensemble(trace, specs, replays=k, replay_mode=mode, limit=_limit(args, mode),
-                       jitter_ms=args.jitter_ms, seed=args.seed, baseline=args.baseline,
+                       jitter_ms=args.jitter_ms, seed=specs[0].config.seed, baseline=args.baseline,
                        stationary=stationary, warm_start=history,
                        jobs=default_jobs() if args.jobs is None else args.jobs,
                        progress=_bar(args.progress))

@@ -28,15 +28,42 @@ other times), so this measures reordering, not a different schedule's latency.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from br_serve.sim.result import SimResult, StepSeries
+
+class StepColumns(Protocol):
+    """What the efficiency metrics read of a run's per-step series
+    (:class:`~br_serve.sim.result.StepSeries`; declared here so that the metrics sit
+    below the result that reports them, with no import back)."""
+
+    @property
+    def tau_s(self) -> np.ndarray: ...
+    @property
+    def max_load_tokens(self) -> np.ndarray: ...
+    @property
+    def imbalance_tokens(self) -> np.ndarray: ...
+    @property
+    def running(self) -> np.ndarray: ...
+    @property
+    def sample_loads(self) -> np.ndarray: ...
 
 
-def efficiency(steps: StepSeries, lo: int, hi: int) -> dict[str, float | None]:
+class RunRecord(Protocol):
+    """What the wait metrics read of a finished run
+    (:class:`~br_serve.sim.result.SimResult`)."""
+
+    @property
+    def steps(self) -> StepColumns: ...
+    @property
+    def admit_step(self) -> np.ndarray: ...
+    @property
+    def enqueue_order(self) -> np.ndarray | None: ...
+    def step_end_s(self) -> np.ndarray: ...
+
+
+def efficiency(steps: StepColumns, lo: int, hi: int) -> dict[str, float | None]:
     """``barrier_idle_share``, ``mean_step_ms``, ``tokens_per_busy_s`` over ``[lo, hi)``."""
     if hi <= lo:
         return {"barrier_idle_share": None, "mean_step_ms": None, "tokens_per_busy_s": None}
@@ -52,19 +79,19 @@ def efficiency(steps: StepSeries, lo: int, hi: int) -> dict[str, float | None]:
     }
 
 
-def _replicas(steps: StepSeries) -> int:
+def _replicas(steps: StepColumns) -> int:
     loads = steps.sample_loads
     return int(loads.shape[1]) if loads.ndim == 2 and loads.shape[0] else 0
 
 
-def step_start_s(res: SimResult) -> np.ndarray:
+def step_start_s(res: RunRecord) -> np.ndarray:
     """Absolute start time of every step (idle gaps included)."""
     ends = res.step_end_s()
     out: np.ndarray = ends - res.steps.tau_s
     return out
 
 
-def wait_beyond_fcfs(res: SimResult) -> tuple[np.ndarray, np.ndarray]:
+def wait_beyond_fcfs(res: RunRecord) -> tuple[np.ndarray, np.ndarray]:
     """``(ranks, seconds)`` per request as in the module docstring; -1 / NaN for a
     request that was never admitted (or never entered the pool)."""
     n = res.admit_step.shape[0]

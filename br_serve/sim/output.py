@@ -110,7 +110,7 @@ def plot_runs(results: Sequence[SimResult], plot_dir: Path, max_points: int = 40
     written: list[Path] = []
     by_g: dict[tuple[int, bool], list[SimResult]] = {}
     for r in results:
-        by_g.setdefault((r.config.replicas, r.config.saturated), []).append(r)
+        by_g.setdefault((r.config.replicas, r.config.sim.saturated), []).append(r)
     for (g, sat), group in sorted(by_g.items()):
         tag = f"G{g}_{'saturated' if sat else 'trace'}"
         # per-replica load over time

@@ -1,4 +1,4 @@
-"""The predictor of a simulated run, built by name through ``predictors.make_predictor``."""
+"""The predictor of a simulated run, built from its validated configuration."""
 
 from __future__ import annotations
 
@@ -10,20 +10,14 @@ from br_serve.traces import Trace
 
 
 def build_predictor(config: SimConfig) -> TerminationPredictor | None:
-    """The predictor ``config.predictor`` names for a policy that needs one, else None.
+    """The predictor ``config.predictor`` names for a policy that needs one, else None
+    (built here, in the process that runs the simulation; a model file is read once per
+    process).
 
     Raises:
-        ValueError: an unknown name (listing the known ones), a bad predictor option, or
-            ``learned`` without ``predictor_model_path``.
+        ValueError: an unreadable model file.
     """
-    horizon = config.predictor_horizon()
-    if config.predictor is None or horizon is None:
-        return None
-    from predictors import make_predictor
-
-    return make_predictor(config.predictor, horizon=horizon,
-                          model_path=config.predictor_model_path, seed=config.seed,
-                          **config.predictor_options)
+    return config.build_predictor()
 
 
 def prefix_hashes(hash_ids: tuple[tuple[int, ...] | None, ...] | None, n: int) -> list[int]:

@@ -153,12 +153,12 @@ class SimResult:
         ticks = self.tick_ns / 1000.0
         makespan = float(ends[-1]) if total else 0.0
         out: dict[str, Any] = {
-            "policy": cfg.policy,
+            "policy": cfg.policy.name,
             "predictor": self.predictor_name,
             "label": cfg.label,
             "replicas": cfg.replicas,
             "slots": cfg.slots,
-            "mode": "saturated" if cfg.saturated else "trace",
+            "mode": "saturated" if cfg.sim.saturated else "trace",
             "source": self.source,
             "requests": int(self.output_tokens.shape[0]),
             "mean_imbalance_tokens": head["mean_imbalance_tokens"],
@@ -188,7 +188,7 @@ class SimResult:
             "steps_per_s": total / self.wall_s if self.wall_s > 0 else None,
             "seed": cfg.seed,
             "horizon": cfg.predictor_horizon(),
-            "policy_options": dict(cfg.policy_options),
+            "policy_options": dict(cfg.policy.options),
             **(self.engine_stats or {}),
         }
         return out

@@ -78,7 +78,7 @@ def _run_in_worker(task: Task) -> dict[str, Any]:
 
 def replay_config(spec: RunSpec, replay: Replay, stationary: Stationary | None) -> SimConfig:
     """The configuration replay ``replay`` of ``spec`` is simulated with."""
-    cfg = parse_sim_config(**{**spec.config.model_dump(), "seed": replay.seed})
+    cfg = parse_sim_config(spec.config, seed=replay.seed)
     return stationary.sim_config(cfg) if stationary is not None else cfg
 
 

@@ -84,8 +84,7 @@ class Stationary:
 
     def sim_config(self, cfg: SimConfig) -> SimConfig:
         """``cfg`` in saturated mode with the pool capped at the depth."""
-        return parse_sim_config(**{**cfg.model_dump(), "saturated": True,
-                                   "pool_capacity": self.depth(cfg)})
+        return parse_sim_config(cfg, sim_saturated=True, pool_capacity=self.depth(cfg))
 
     def check(self, requests: int, cfg: SimConfig) -> None:
         """Raise ``ValueError`` when ``requests`` cannot give a stationary window."""
@@ -110,7 +109,7 @@ def stationary_summary(res: SimResult, spec: Stationary) -> dict[str, Any]:
     cfg = res.config
     n = res.admit_step.shape[0]
     spec.check(n, cfg)
-    if res.enqueue_step is None or res.enqueue_order is None or not cfg.saturated:
+    if res.enqueue_step is None or res.enqueue_order is None or not cfg.sim.saturated:
         raise ValueError("stationary: the run lacks pool-entry records or is not saturated")
     out = res.summary()
     s = res.steps

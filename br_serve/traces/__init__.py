@@ -29,7 +29,7 @@ __all__ = [
 def load_trace(path: str | Path, fmt: str = "auto", *, limit: int | None = None,
                min_output: int | None = None, max_output: int | None = None,
                start_s: float | None = None, end_s: float | None = None,
-               time_scale: float = 1.0, skip_bad: bool = False) -> Trace:
+               arrival_scale: float = 1.0, skip_bad: bool = False) -> Trace:
     """Read ``path`` (format ``fmt`` or detected) and apply :func:`apply_filters`.
 
     Raises:
@@ -40,4 +40,4 @@ def load_trace(path: str | Path, fmt: str = "auto", *, limit: int | None = None,
     """
     trace = read_trace(path, fmt, skip_bad=skip_bad)
     return apply_filters(trace, limit=limit, min_output=min_output, max_output=max_output,
-                         start_s=start_s, end_s=end_s, time_scale=time_scale)
+                         start_s=start_s, end_s=end_s, arrival_scale=arrival_scale)

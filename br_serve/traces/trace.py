@@ -94,17 +94,17 @@ class Trace:
                            self.output_tokens[idx], hid, self.source, self.skipped_lines,
                            self.dropped_rows)
 
-    def scaled(self, time_scale: float) -> Trace:
-        """Arrival times multiplied by ``time_scale`` (0.5 = the same trace twice as fast).
+    def scaled(self, arrival_scale: float) -> Trace:
+        """Arrival times multiplied by ``arrival_scale`` (0.5 = the same trace twice as fast).
 
         Raises:
-            ValueError: ``time_scale`` not positive.
+            ValueError: ``arrival_scale`` not positive.
         """
-        if not time_scale > 0:
-            raise ValueError(f"time_scale: must be > 0 (got {time_scale})")
-        if time_scale == 1.0:
+        if not arrival_scale > 0:
+            raise ValueError(f"arrival_scale: must be > 0 (got {arrival_scale})")
+        if arrival_scale == 1.0:
             return self
-        arr = _ro(self.arrival_s * time_scale, np.float64)
+        arr = _ro(self.arrival_s * arrival_scale, np.float64)
         return replace(self, arrival_s=arr)  # type: ignore[arg-type]
 
     def saturated(self) -> Trace:
@@ -115,7 +115,7 @@ class Trace:
 
 def apply_filters(trace: Trace, *, limit: int | None = None, min_output: int | None = None,
                   max_output: int | None = None, start_s: float | None = None,
-                  end_s: float | None = None, time_scale: float = 1.0) -> Trace:
+                  end_s: float | None = None, arrival_scale: float = 1.0) -> Trace:
     """Filter a trace, in this order: time window, output bounds, limit, time scaling.
 
     The window ``[start_s, end_s)`` is in seconds from the trace's first arrival;
@@ -144,4 +144,4 @@ def apply_filters(trace: Trace, *, limit: int | None = None, min_output: int | N
     if limit is not None:
         idx = idx[:limit]
     out = trace if idx.shape[0] == len(trace) else trace.take(idx)
-    return out.scaled(time_scale)
+    return out.scaled(arrival_scale)

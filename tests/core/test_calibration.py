@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from br_serve.core.calibration import CalibrationOptions, StepCalibrator
+from br_serve.core.step import StepModel
 
 TRUE = np.array([6e-7, 1e-3, 0.025])  # a s/token, c s/request, b s
 
@@ -88,7 +89,7 @@ def test_saturated_replica_is_anchored_where_data_is_silent() -> None:
 
 
 def test_mask_and_bad_values_leave_replicas_alone() -> None:
-    cal = StepCalibrator(2, prior_a=1e-6, prior_c=0.0, prior_b=0.05)
+    cal = StepCalibrator(2, StepModel(1e-6, 0.05, 0.0))
     for _ in range(50):
         cal.update([5e4, 5e4], [8, 8], [np.nan, 0.1], mask=[True, False])
     c = cal.coefficients()
@@ -101,8 +102,10 @@ def test_bad_options_name_the_field() -> None:
         CalibrationOptions(forget=1.5)
     with pytest.raises(ValueError, match=r"^drift_steps:"):
         CalibrationOptions(drift_steps=0)
-    with pytest.raises(ValueError, match="prior"):
-        StepCalibrator(2, prior_a=-1.0)
+    with pytest.raises(ValueError, match=r"^a_s_per_token: .*greater than or equal to 0"):
+        StepCalibrator(2, StepModel(a_s_per_token=-1.0))
+    with pytest.raises(ValueError, match=r"^b_s: 3 values for 2 replicas"):
+        StepCalibrator(2, StepModel(b_s=(0.01, 0.02, 0.03)))
 
 
 @settings(max_examples=30, deadline=None)

@@ -91,7 +91,7 @@ def test_p_at_or_above_half_ends_the_request_after_mu_steps() -> None:
 
 def test_survival_predictor_drives_the_gate() -> None:
     # History where 40% end within H of a=0: the gate stays closed.
-    surv = make_predictor("survival", min_samples=1)
+    surv = make_predictor("survival", horizon=H, min_samples=1)
     warm_start(surv, [1] * 5, [5, 5, 500, 500, 500])
     proj = _brh(surv).projected(_cluster())
     loads, _ = proj.loads, proj.ok
@@ -136,5 +136,5 @@ def test_timed_out_predictor_degrades_to_closed_gate() -> None:
 
 
 def test_oracle_outside_the_simulator_degrades_to_closed_gate() -> None:
-    res = _brh(make_predictor("oracle")).schedule(_cluster(), _pool(), 0.0, 0)
+    res = _brh(make_predictor("oracle", horizon=H)).schedule(_cluster(), _pool(), 0.0, 0)
     assert not res.predictor_ok

@@ -109,7 +109,8 @@ def test_cli_eval_and_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert info["train_requests"] == 560 and model.is_file()
     assert main(["eval-predictor", "--trace", str(trace), "--horizon", str(H),
                  "--step-s", "0.05", "--predictor", "survival,exact,learned",
-                 "--model", str(model), "--json", "--out", str(tmp_path / "e.json")]) == 0
+                 "--predictor-model-path", str(model), "--json",
+                 "--out", str(tmp_path / "e.json")]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["predictor"] for r in doc["runs"]] == ["survival", "exact", "learned"]
     for r in doc["runs"]:
@@ -120,9 +121,10 @@ def test_cli_eval_and_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--predictor", "magic"], "unknown predictor 'magic'"),
-    (["--predictor", "learned"], "--model"),
-    (["--predictor", "learned", "--model", "/nonexistent/m.st"], "/nonexistent/m.st"),
-    (["--predictor", "learned", "--model", "JUNK"], "junk.st: not a readable"),
+    (["--predictor", "learned"], "--predictor-model-path"),
+    (["--predictor", "learned", "--predictor-model-path", "/nonexistent/m.st"],
+     "/nonexistent/m.st"),
+    (["--predictor", "learned", "--predictor-model-path", "JUNK"], "junk.st: not a readable"),
     (["--predictor", "exact", "--trace", "NOHASH"], "has no hash_ids"),
     (["--predictor", "survival", "--trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl"),
     (["--predictor", "survival", "--trace", "BAD"], "bad.jsonl:2"),

@@ -11,11 +11,14 @@ from predictors import finished_requests, make_predictor, predictor_names, warm_
 from predictors.store import SampleMemory, SegmentedSamples
 from tests.predictors.conftest import running
 
+#: the window predictors are built for (the policy's horizon; only learned checks it)
+H = 80
+
 
 def test_survival_matches_hand_computed_distribution() -> None:
     # Samples {10, 20, 30, 200}. For a=15, H=20: alive {20, 30, 200}, finishing in
     # (15, 35] = {20, 30}: p = 2/3, mu = mean(20, 30) - 15 = 10.
-    p = make_predictor("survival", min_samples=1)
+    p = make_predictor("survival", horizon=H, min_samples=1)
     warm_start(p, [7] * 4, [10, 20, 30, 200])
     pred = p.predict(running([5, 5, 5, 5], [0, 15, 100, 200]), 20)
     np.testing.assert_allclose(pred.p_fin, [2 / 4, 2 / 3, 0.0, 0.0])
@@ -24,7 +27,7 @@ def test_survival_matches_hand_computed_distribution() -> None:
 
 def test_survival_window_boundaries_are_inclusive_of_a_plus_h() -> None:
     # o - a <= H finishes inside the window: o = a + H counts, o = a does not.
-    p = make_predictor("survival", min_samples=1)
+    p = make_predictor("survival", horizon=H, min_samples=1)
     warm_start(p, [1, 1, 1], [5, 25, 26])
     pred = p.predict(running([1], [5]), 20)
     np.testing.assert_allclose(pred.p_fin, [0.5])  # alive {25, 26}; 25 <= 25 finishes
@@ -32,7 +35,7 @@ def test_survival_window_boundaries_are_inclusive_of_a_plus_h() -> None:
 
 
 def test_survival_without_history_is_the_closed_gate() -> None:
-    p = make_predictor("survival")  # min_samples=16
+    p = make_predictor("survival", horizon=H)  # min_samples=16
     warm_start(p, [1] * 15, [3] * 15)
     pred = p.predict(running([1, 2], [0, 0]), 80)
     assert (pred.p_fin == 0).all()
@@ -40,7 +43,7 @@ def test_survival_without_history_is_the_closed_gate() -> None:
 
 
 def test_survival_sliding_window_forgets_old_samples() -> None:
-    p = make_predictor("survival", min_samples=1, max_samples=2)
+    p = make_predictor("survival", horizon=H, min_samples=1, max_samples=2)
     warm_start(p, [1, 1, 1], [10, 1000, 1000])  # 10 falls out of the window
     assert p.predict(running([1], [0]), 50).p_fin[0] == 0.0
     warm_start(p, [1], [10])
@@ -51,7 +54,7 @@ def test_survival_reservoir_is_bounded_and_seeded() -> None:
     outs = np.arange(1, 1001)
     answers = []
     for _ in range(2):
-        p = make_predictor("survival", memory="reservoir", max_samples=50, seed=3,
+        p = make_predictor("survival", horizon=H, memory="reservoir", max_samples=50, seed=3,
                            min_samples=1)
         warm_start(p, np.ones(1000, np.int64), outs)
         assert p.num_samples == 50  # type: ignore[attr-defined]
@@ -61,18 +64,21 @@ def test_survival_reservoir_is_bounded_and_seeded() -> None:
 
 
 def test_survival_prompt_buckets_fall_back_to_global_when_small() -> None:
-    p = make_predictor("survival", min_samples=1, prompt_buckets=(100,), min_bucket_samples=2)
+    p = make_predictor("survival", horizon=H,
+                       min_samples=1, prompt_buckets=(100,), min_bucket_samples=2)
     # short prompts end at 10, long prompts at 500
     warm_start(p, [10, 20, 500, 600], [10, 10, 500, 500])
     pred = p.predict(running([50, 5000], [0, 0]), 20)
     np.testing.assert_allclose(pred.p_fin, [1.0, 0.0])
-    p2 = make_predictor("survival", min_samples=1, prompt_buckets=(100,), min_bucket_samples=3)
+    p2 = make_predictor("survival", horizon=H,
+                        min_samples=1, prompt_buckets=(100,), min_bucket_samples=3)
     warm_start(p2, [10, 20, 500, 600], [10, 10, 500, 500])
     np.testing.assert_allclose(p2.predict(running([50], [0]), 20).p_fin, [0.5])
 
 
 def test_exact_hits_reuse_the_key_and_misses_fall_back() -> None:
-    p = make_predictor("exact", prefix_blocks=2, prior_weight=0, survival={"min_samples": 1})
+    p = make_predictor("exact", horizon=H,
+                       prefix_blocks=2, prior_weight=0, survival={"min_samples": 1})
     warm_start(p, [1, 1, 1, 1], [50, 60, 500, 5],
                hash_ids=[(0, 1, 2), (0, 1, 3), (0, 2), (0, 3)])
     batch = running([1, 1, 1, 1, 1], [0, 55, 0, 0, 61],
@@ -94,7 +100,7 @@ def test_exact_shrinks_small_keys_toward_survival() -> None:
     # p = (2 * 0 + 2 * 1/4) / (2 + 2) = 1/8; only survival finishers -> mu = 5.
     # a=55: key alive {60} finishes (p=1, mu=5), survival alive {60, 500}: p=1/2, mu=5
     # -> p = (1 * 1 + 2 * 1/2) / 3 = 2/3, mu = (1*5 + 1*5) / 2 = 5.
-    p = make_predictor("exact", prior_weight=2, survival={"min_samples": 1})
+    p = make_predictor("exact", horizon=H, prior_weight=2, survival={"min_samples": 1})
     warm_start(p, [1] * 4, [50, 60, 500, 5], hash_ids=[(0, 1), (0, 1, 3), (0, 2), (0, 3)])
     pred = p.predict(running([1, 1], [0, 55], hash_ids=[(0, 1, 7), (0, 1)]), 20)
     np.testing.assert_allclose(pred.p_fin, [1 / 8, 2 / 3])
@@ -102,7 +108,7 @@ def test_exact_shrinks_small_keys_toward_survival() -> None:
 
 
 def test_exact_uses_prefix_hash_without_hash_ids_and_evicts_old_keys() -> None:
-    p = make_predictor("exact", max_keys=1, per_key_samples=2, prior_weight=0)
+    p = make_predictor("exact", horizon=H, max_keys=1, per_key_samples=2, prior_weight=0)
     p.observe(finished_requests([1, 1, 1], [30, 31, 32], prefix_hash=[7, 7, 7]))
     pred = p.predict(running([1], [29], prefix_hash=[7]), 2)
     np.testing.assert_allclose(pred.p_fin, [0.5])  # only the latest two: {31, 32}
@@ -113,20 +119,20 @@ def test_exact_uses_prefix_hash_without_hash_ids_and_evicts_old_keys() -> None:
 
 def test_unknown_name_and_bad_options_are_named() -> None:
     with pytest.raises(ValueError, match=r"^predictor: unknown 'nope'.*survival"):
-        make_predictor("nope")
+        make_predictor("nope", horizon=H)
     with pytest.raises(ValueError, match=r"survival\.max_samples"):
-        make_predictor("survival", max_samples=0)
+        make_predictor("survival", horizon=H, max_samples=0)
     with pytest.raises(ValueError, match=r"exact\.bogus"):
-        make_predictor("exact", bogus=1)
+        make_predictor("exact", horizon=H, bogus=1)
     with pytest.raises(ValueError, match="needs model_path"):
-        make_predictor("learned")
+        make_predictor("learned", horizon=H)
     assert set(predictor_names()) == {"survives", "survival", "exact", "oracle", "learned"}
 
 
 def test_oracle_reads_true_remaining_and_refuses_without_it() -> None:
     from br_serve.core.types import RunningRequests
 
-    p = make_predictor("oracle")
+    p = make_predictor("oracle", horizon=H)
     r = RunningRequests.build([0, 0], [1, 1], [0, 0], true_remaining_steps=[3, 90])
     pred = p.predict(r, 80)
     np.testing.assert_allclose(pred.p_fin, [1.0, 0.0])
@@ -204,7 +210,7 @@ def test_auto_buckets_are_refitted_and_answer_as_explicit_edges(
     n = after + 4 * batch
     prompts = rng.lognormal(4.0, 1.5, n).astype(np.int64) + 1
     outputs = rng.integers(1, 3000, n)
-    auto = make_predictor("survival", auto_buckets=buckets, auto_bucket_after=after,
+    auto = make_predictor("survival", horizon=H, auto_buckets=buckets, auto_bucket_after=after,
                           min_samples=1, min_bucket_samples=4)
     fed, since = 0, 0
     edges: tuple[int, ...] = ()
@@ -218,9 +224,9 @@ def test_auto_buckets_are_refitted_and_answer_as_explicit_edges(
             edges = quantile_edges(prompts[:fed], buckets)
     assert auto.edges == edges  # type: ignore[attr-defined]
     assert len(edges) <= buckets - 1 and all(e > 0 for e in edges)
-    fixed = (make_predictor("survival", prompt_buckets=edges, min_samples=1,
+    fixed = (make_predictor("survival", horizon=H, prompt_buckets=edges, min_samples=1,
                             min_bucket_samples=4) if edges
-             else make_predictor("survival", min_samples=1))
+             else make_predictor("survival", horizon=H, min_samples=1))
     warm_start(fixed, prompts, outputs)
     k = min(20, n)
     probe = running(prompts[:k].tolist(), rng.integers(0, 2000, k).tolist())
@@ -230,10 +236,10 @@ def test_auto_buckets_are_refitted_and_answer_as_explicit_edges(
 
 
 def test_auto_buckets_wait_for_history_and_refuse_explicit_edges() -> None:
-    p = make_predictor("survival", auto_buckets=4, auto_bucket_after=10, min_samples=1)
+    p = make_predictor("survival", horizon=H, auto_buckets=4, auto_bucket_after=10, min_samples=1)
     warm_start(p, [5, 50, 500, 5000] * 2, [10, 20, 30, 40] * 2)
     assert p.edges == ()  # type: ignore[attr-defined]  # 8 of 10 seen: no buckets yet
     warm_start(p, [5, 5000], [10, 40])
     assert p.edges == (50, 500, 5000)  # type: ignore[attr-defined]  # 3 / 2 / 2 / 3
     with pytest.raises(ValueError, match="auto_buckets"):
-        make_predictor("survival", auto_buckets=4, prompt_buckets=(10,))
+        make_predictor("survival", horizon=H, auto_buckets=4, prompt_buckets=(10,))

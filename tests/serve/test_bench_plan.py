@@ -14,8 +14,9 @@ from br_serve.bench.serve_bench import plan_runs, slowed
 from br_serve.bench.serve_report import format_step_fits, gains
 from br_serve.cli import main
 from br_serve.config.plan import plan_policy_runs
+from br_serve.config.tree import leaves
 from br_serve.core.options import ConfigError
-from br_serve.serve.config import parse_graph_config
+from br_serve.serve.config import GraphConfig, parse_graph_config
 from tests.serve.test_cli import _run, _sim
 
 
@@ -50,33 +51,33 @@ def test_plan_runs_validates_each_runs_graph_config() -> None:
     base = parse_graph_config(replicas=4)
     planned = plan_runs(base, ["br0", "br0-time=br0"], {"br0-time.cost": "time"})
     (r0, c0), (r1, c1) = planned
-    assert (r0.label, c0.app_name, c0.policy_options) == ("br0", "bench_br0", {})
-    assert (r1.label, c1.app_name) == ("br0-time", "bench_br0-time")
-    assert c1.policy == "br0" and c1.policy_options == {"cost": "time"}
-    assert not c0.policy_needs().calibrated_step_costs
-    assert c1.policy_needs().calibrated_step_costs  # its scheduler calibrates online
+    assert (r0.label, c0.serve.app_name, c0.policy.options) == ("br0", "bench_br0", {})
+    assert (r1.label, c1.serve.app_name) == ("br0-time", "bench_br0-time")
+    assert c1.policy.name == "br0" and c1.policy.options == {"cost": "time"}
+    assert not c0.policy.needs().calibrated_step_costs
+    assert c1.policy.needs().calibrated_step_costs  # its scheduler calibrates online
 
 
 def test_slowed_engines_run_slower_than_the_configured_model() -> None:
     base = parse_graph_config(replicas=4, step_c_s_per_request=1e-3)
     cfg = slowed(slowed(base, [2, 3], 1.5), [3], 2.0)
-    assert cfg.emulated_step_factor == (1.0, 1.0, 1.5, 3.0)
-    assert cfg.coefficients(4) == base.coefficients(4)  # what the scheduler is told
-    a, b, c = cfg.emulated_coefficients()  # what the engines run
-    assert a == pytest.approx((5e-7, 5e-7, 7.5e-7, 1.5e-6))
-    assert b == pytest.approx((0.03, 0.03, 0.045, 0.09))
-    assert c == pytest.approx((1e-3, 1e-3, 1.5e-3, 3e-3))
-    assert cfg.engine_timing(2).step_b_s == pytest.approx(0.045)  # what replica 2 emulates
+    assert cfg.engine.step_factor == (1.0, 1.0, 1.5, 3.0)
+    assert cfg.router_step_model() == base.router_step_model()  # what the scheduler is told
+    m = cfg.emulated_step_model()  # what the engines run
+    assert m.a_s_per_token == pytest.approx((5e-7, 5e-7, 7.5e-7, 1.5e-6))
+    assert m.b_s == pytest.approx((0.03, 0.03, 0.045, 0.09))
+    assert m.c_s_per_request == pytest.approx((1e-3, 1e-3, 1.5e-3, 3e-3))
+    assert cfg.engine_timing(2).step.b_s == pytest.approx(0.045)  # what replica 2 emulates
     with pytest.raises(ValueError, match="--slow"):
         slowed(base, [4], 1.5)
 
 
 @pytest.mark.parametrize(("factor", "match"), [
-    ("1,2", "emulated_step_factor: 2 values for 4"), ("0", "emulated_step_factor"),
-    ("1,1,-1,1", "emulated_step_factor")])
+    ("1,2", "^engine.step_factor: 2 values for 4"), ("0", "^engine.step_factor"),
+    ("1,1,-1,1", "^engine.step_factor")])
 def test_bad_emulated_factor_is_named(factor: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        parse_graph_config(replicas=4, emulated_step_factor=factor)
+        parse_graph_config(replicas=4, engine_step_factor=factor)
 
 
 def test_the_simulator_runs_the_hidden_slowdown_as_the_engines_do() -> None:
@@ -89,10 +90,10 @@ def test_the_simulator_runs_the_hidden_slowdown_as_the_engines_do() -> None:
     from br_serve.bench.serve_report import simulate_one
 
     tr = load_workload(None, 40, 1.0, max_output=20, max_prompt=2000, seed=1)
-    base = parse_graph_config(replicas=4, slots=4, policy="jsq", time_scale=2)
+    base = parse_graph_config(replicas=4, slots=4, policy="jsq", engine_slowdown=2)
     hidden = simulate_one(tr, slowed(base, [2, 3], 1.5), 0.01, 1)
     told = simulate_one(tr, parse_graph_config(
-        base.model_dump(), step_a_s_per_token="5e-7,5e-7,7.5e-7,7.5e-7",
+        base, step_a_s_per_token="5e-7,5e-7,7.5e-7,7.5e-7",
         step_b_s="0.03,0.03,0.045,0.045"), 0.01, 1)
     plain = simulate_one(tr, base, 0.01, 1)
     assert hidden["throughput_tok_s"] == pytest.approx(told["throughput_tok_s"], rel=0.01)
@@ -102,6 +103,8 @@ def test_the_simulator_runs_the_hidden_slowdown_as_the_engines_do() -> None:
 @pytest.mark.parametrize(("argv", "match"), [
     (["--set", "policy=br0"], "--set policy"),
     (["--set", "policy_options={}"], "--set policy_options"),
+    (["--set", "policy.options.r_max=2"], "--set policy.options.r_max"),
+    (["--set", "predictor=survival"], "--set predictor"),
     (["--policies", "br0,t=br0", "--baseline", "jsq"], "--baseline"),
     (["--slow", "8:1.5"], "--slow"),
     (["--slow", "4-7"], "--slow"),
@@ -128,7 +131,7 @@ def _fit(a: float, b: float, c: float) -> dict[str, float]:
 
 
 def test_the_fit_is_printed_beside_the_truth() -> None:
-    cfg = slowed(parse_graph_config(replicas=2, time_scale=2), [1], 1.5).model_dump()
+    cfg = slowed(parse_graph_config(replicas=2, engine_slowdown=2), [1], 1.5).model_dump()
     run: Any = _run("br0-time", 0, 1.0, 1.0)
     run["measured"].update(step_fit=[_fit(1.1e-6, 0.062, 0.0), _fit(1.5e-6, 0.091, 0.0)],
                            mean_replica_load_tokens=10_000.0, mean_replica_running=4.0)
@@ -138,6 +141,21 @@ def test_the_fit_is_printed_beside_the_truth() -> None:
     assert "10,000 tokens, 4.0 requests" in text
     # replica 1: true a = 5e-7 * 1.5 * 2, b = 0.03 * 1.5 * 2; step 105 ms true, 106 fit
     assert "| 1 | 1.5e-06 / 1.5e-06 | 0.0900 / 0.0910 | 0 / 0 | 105.0 / 106.0 |" in text
+
+
+def test_results_written_before_the_sections_are_read() -> None:
+    """``--resimulate`` and the fit table read result files whose ``config`` holds the
+    old flat names (``time_scale``, ``emulated_step_factor``, ``app_name``, ...)."""
+    from br_serve.serve.config import RENAMED, from_stored
+
+    old = {"replicas": 2, "time_scale": 2.0, "emulated_step_factor": [1.0, 1.5],
+           "app_name": "x", "port": 8123, "api_key": None, "mooncake_master": None,
+           "policy": "br0", "policy_options": {}, "step_b_s": 0.02, "pool_capacity": 64}
+    cfg = from_stored(old)
+    assert (cfg.engine.slowdown, cfg.engine.step_factor) == (2.0, (1.0, 1.5))
+    assert (cfg.serve.app_name, cfg.serve.port, cfg.pool.capacity) == ("x", 8123, 64)
+    assert from_stored(cfg.model_dump()) == cfg
+    assert set(RENAMED.values()) <= {leaf.name for leaf in leaves(GraphConfig)}
 
 
 def test_resimulate_simulates_each_variant_with_its_options(

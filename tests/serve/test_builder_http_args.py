@@ -21,6 +21,10 @@ def test_builder_refuses_http_address_arguments(key: str) -> None:
     with pytest.raises(GraphConfigError, match=rf"^{key}: cannot be a builder argument.*"
                                                r"http_options"):
         build({key: "9000" if key == "port" else "0.0.0.0", "replicas": "2"})
+    with pytest.raises(GraphConfigError, match=rf"^serve.{key}: cannot be a builder"):
+        build({f"serve.{key}": "9000" if key == "port" else "0.0.0.0"})
+    with pytest.raises(GraphConfigError, match=rf"^serve.{key}: cannot be a builder"):
+        build({"serve": {key: "9000" if key == "port" else "0.0.0.0"}})
     assert build({"replicas": "2"}) is not None  # everything else still builds
 
 

@@ -90,8 +90,9 @@ class _Sink:
 
 
 def _world(channel_host: str | None = "127.0.0.1") -> tuple[DecodeReplica, _Local, Streamer]:
-    rep = DecodeReplica(0, {"slots": 8, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
-                            "step_b_s": 0.002}, "no-scheduler")
+    rep = DecodeReplica(0, parse_graph_config(slots=8, step_b_s=0.002,
+                                              engine_kv_bytes_per_token=KV_BYTES_PER_TOKEN),
+                        "no-scheduler")
     rep.lease, _ = fake_lease(RecordingTransport())
     rep._tell_scheduler = lambda *a: True  # type: ignore[method-assign]
     handle = _Local(rep)
@@ -279,8 +280,9 @@ class _RaySched:
 def test_reports_go_over_the_report_channel_and_fall_back_to_ray_when_it_breaks() -> None:
     from br_serve.serve.wire.channel import ChannelServer, decode_reports
 
-    rep = DecodeReplica(0, {"slots": 8, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
-                            "step_b_s": 0.002}, "no-scheduler")
+    rep = DecodeReplica(0, parse_graph_config(slots=8, step_b_s=0.002,
+                                              engine_kv_bytes_per_token=KV_BYTES_PER_TOKEN),
+                        "no-scheduler")
     rep.lease, _ = fake_lease(RecordingTransport())
     ray_sched = _RaySched()
     rep._sched = lambda: ray_sched  # type: ignore[method-assign]

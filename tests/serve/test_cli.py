@@ -26,7 +26,8 @@ def test_bad_arguments_exit_2_naming_the_field(argv: list[str],
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"br-serve {argv[0]}: error: ")
-    assert any(w in err for w in ("replicas:", "policy:", "--set:", "transport:"))
+    assert any(w in err for w in ("replicas:", "policy.name:", "--set:", "transport.name:",
+                                  "--policies:", "policy:"))
 
 
 def test_missing_trace_file_is_named(capsys: pytest.CaptureFixture[str]) -> None:

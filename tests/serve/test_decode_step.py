@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from br_serve.engine.base import SamplingParams
+from br_serve.serve.config import parse_graph_config
 from br_serve.serve.replica.decode import DecodeReplica
 from br_serve.serve.wire.messages import Admission, ReplicaReport
 from br_serve.transport.base import KVHandle
@@ -58,8 +59,9 @@ class FakeBarrier:
 @pytest.fixture(params=[{}, {"cost": "time"}], ids=["tokens", "time"])
 def replica(request: pytest.FixtureRequest
             ) -> Iterator[tuple[DecodeReplica, FakeBarrier, list[ReplicaReport]]]:
-    rep = DecodeReplica(0, {"slots": 4, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
-                            "step_b_s": 0.005, "policy_options": request.param},
+    rep = DecodeReplica(0, parse_graph_config(slots=4, step_b_s=0.005,
+                                              engine_kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+                                              policy_options=request.param),
                         "no-scheduler")
     rep.on_fatal = _fail
     rep.lease, _ = fake_lease(RecordingTransport())
@@ -115,7 +117,7 @@ def test_barrier_carries_the_loads_the_step_computed_with(
     # each step's own compute time (the engine sleeps its modelled 5 ms; the barrier
     # wait is not in it); rank 0's report carries it only for a calibrating policy
     assert all(0.004 < t < 1.0 for t in barrier.compute_s[:2])
-    if rep.cfg.policy_needs().calibrated_step_costs:
+    if rep.cfg.policy.needs().calibrated_step_costs:
         assert [r.barrier_compute_s for r in busy] == [(t,) for t in barrier.compute_s[:2]]
         assert busy[0].barrier_compute_s[0] == busy[0].compute_s
     else:
@@ -124,15 +126,15 @@ def test_barrier_carries_the_loads_the_step_computed_with(
 
 
 def test_each_decode_replica_emulates_its_own_step_coefficients() -> None:
-    """Per-replica ``step_*`` lists (a heterogeneous cluster) reach each replica's
-    emulated engine through the config the graph hands its actors (``model_dump``)."""
-    from br_serve.serve.config import parse_graph_config
+    """Per-replica ``step.*`` lists (a heterogeneous cluster) reach each replica's
+    emulated engine through the config the graph hands its actors (pickled by Ray)."""
+    import pickle
 
     a, b, c = (5e-7, 5e-7, 7.5e-7), (0.03, 0.03, 0.045), (0.0, 0.0, 1e-3)
-    conf = parse_graph_config(replicas=3, step_a_s_per_token="5e-7,5e-7,7.5e-7",
-                              step_b_s="0.03,0.03,0.045", step_c_s_per_request=list(c),
-                              time_scale=2, kv_bytes_per_token=KV_BYTES_PER_TOKEN
-                              ).model_dump()
+    conf = pickle.loads(pickle.dumps(parse_graph_config(
+        replicas=3, step_a_s_per_token="5e-7,5e-7,7.5e-7", step_b_s="0.03,0.03,0.045",
+        step_c_s_per_request=list(c), engine_slowdown=2,
+        engine_kv_bytes_per_token=KV_BYTES_PER_TOKEN)))
     for g in range(3):
         rep = DecodeReplica(g, conf, "no-scheduler")
         try:
@@ -147,14 +149,13 @@ def test_each_decode_replica_emulates_its_own_step_coefficients() -> None:
 
 
 def test_a_hidden_emulated_slowdown_reaches_only_its_replica() -> None:
-    """``emulated_step_factor`` slows replica 1's engine; the configured model (what
+    """``engine.step_factor`` slows replica 1's engine; the configured model (what
     the scheduler is told) stays as given."""
-    from br_serve.serve.config import parse_graph_config
-
-    cfg = parse_graph_config(replicas=2, step_b_s=0.03, emulated_step_factor="1,2")
-    assert cfg.coefficients(2)[1] == (0.03, 0.03)
+    cfg = parse_graph_config(replicas=2, step_b_s=0.03, engine_step_factor="1,2")
+    assert cfg.step_model().b_s == (0.03, 0.03)
+    assert cfg.router_step_model().b_s == (0.03, 0.03)
     for g, want in ((0, 0.03), (1, 0.06)):
-        rep = DecodeReplica(g, cfg.model_dump(), "no-scheduler")
+        rep = DecodeReplica(g, cfg, "no-scheduler")
         try:
             assert rep.engine.step_time_s() == pytest.approx(want)  # type: ignore[attr-defined]
         finally:

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from br_serve.core.step import StepModel
 from br_serve.engine.base import SamplingParams
 from br_serve.engine.emulated import EmulatedEngine, token_id, token_text
 
@@ -79,7 +80,7 @@ def test_admit_rejects_wrong_kv_size_and_duplicates() -> None:
 
 def test_step_sleeps_the_step_model_for_its_own_load() -> None:
     sleep = FakeSleep()
-    eng = EmulatedEngine(step_a_s_per_token=1e-3, step_b_s=0.5, time_scale=2.0, sleep=sleep)
+    eng = EmulatedEngine(step=StepModel(1e-3, 0.5), slowdown=2.0, sleep=sleep)
     p = SamplingParams(max_tokens=10)
     for rid, prompt in (("a", "w " * 100), ("b", "w " * 50)):
         res = eng.prefill(rid, prompt, p)

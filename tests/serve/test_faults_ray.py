@@ -47,9 +47,9 @@ def port() -> Iterator[int]:
 
     start_ray()
     p = free_port()
-    deploy(parse_graph_config(app_name=APP, replicas=G, slots=SLOTS, pool_capacity=POOL,
-                              prefill_replicas=2, port=p, step_b_s=0.02,
-                              prefill_p0_s=0.05, barrier_timeout_s=3))
+    deploy(parse_graph_config(serve_app_name=APP, replicas=G, slots=SLOTS, pool_capacity=POOL,
+                              prefill_replicas=2, serve_port=p, step_b_s=0.02,
+                              prefill_p0_s=0.05, serve_barrier_timeout_s=3))
     yield p
     serve.shutdown()  # type: ignore[no-untyped-call]
     ray.shutdown()

@@ -42,11 +42,11 @@ def port() -> Iterator[int]:
     # replica 2's engine steps twice as long as the configured model says, and the
     # policy routes on step time calibrated online (test_state_endpoint,
     # test_calibration_finds_the_slow_replica)
-    deploy(parse_graph_config(replicas=3, prefill_replicas=2, port=p, step_b_s=STEP_B_S,
-                              emulated_step_factor=FACTOR, policy_options={"cost": "time"},
-                              max_context_tokens=2048, barrier_timeout_s=5))
-    deploy(parse_graph_config(app_name="br_small", replicas=1, prefill_replicas=1, slots=1,
-                              pool_capacity=1, api_key=KEY, port=p, step_b_s=0.05),
+    deploy(parse_graph_config(replicas=3, prefill_replicas=2, serve_port=p, step_b_s=STEP_B_S,
+                              engine_step_factor=FACTOR, policy_options={"cost": "time"},
+                              serve_max_context_tokens=2048, serve_barrier_timeout_s=5))
+    deploy(parse_graph_config(serve_app_name="br_small", replicas=1, prefill_replicas=1, slots=1,
+                              pool_capacity=1, serve_api_key=KEY, serve_port=p, step_b_s=0.05),
            route_prefix="/small")
     yield p
     serve.shutdown()  # type: ignore[no-untyped-call]

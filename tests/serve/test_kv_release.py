@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from br_serve.engine.base import SamplingParams
+from br_serve.serve.config import parse_graph_config
 from br_serve.serve.replica.decode import DecodeReplica
 from br_serve.serve.wire.messages import Admission, Admitted, StreamError
 from br_serve.transport.base import KVHandle, TransportError
@@ -33,7 +34,8 @@ def _fail() -> None:
 @pytest.fixture()
 def replica() -> Iterator[tuple[DecodeReplica, RecordingTransport, FakeKeeper]]:
     # slots=3 so a fourth admission is refused; the step thread idles (no barrier)
-    rep = DecodeReplica(0, {"slots": 3, "kv_bytes_per_token": KV_BYTES_PER_TOKEN},
+    rep = DecodeReplica(0, parse_graph_config(slots=3,
+                                              engine_kv_bytes_per_token=KV_BYTES_PER_TOKEN),
                         "no-scheduler")
     rep.on_fatal = _fail
     transport = RecordingTransport(bad=frozenset({"lost"}))

@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from br_serve.core.calibration import Coefficients
-from br_serve.serve.scheduler.core import make_calibrator
+from br_serve.core.calibration import Coefficients, StepCalibrator
+from br_serve.core.step import StepModel
+from br_serve.serve.config import parse_graph_config
 from tests.serve.test_sched_calibration import G, _feed
 
 
@@ -52,8 +53,9 @@ def test_step_coefficient_gauges_per_replica(fake_metrics: dict[str, FakeMetric]
     from br_serve.serve.metrics import SchedulerMetrics
 
     m = SchedulerMetrics()
-    coef = Coefficients(np.array([5e-7, 7.5e-7]), np.array([1e-3, 0.0]),
-                        np.array([0.03, 0.045]), np.array([300, 300]), np.array([True, True]))
+    coef = Coefficients(a_s_per_token=np.array([5e-7, 7.5e-7]), b_s=np.array([0.03, 0.045]),
+                        c_s_per_request=np.array([1e-3, 0.0]), steps=np.array([300, 300]),
+                        calibrated=np.array([True, True]))
     m.step_coefficients(coef, np.array([2e-4, 3e-4]))
     assert _by_replica(fake_metrics["br_step_coef_a_s_per_token"]) == [5e-7, 7.5e-7]
     assert _by_replica(fake_metrics["br_step_coef_b_s"]) == [0.03, 0.045]
@@ -68,7 +70,7 @@ def test_scheduler_exports_the_fit_throttled(fake_metrics: dict[str, FakeMetric]
     from br_serve.serve.metrics import SchedulerMetrics
     from br_serve.serve.scheduler import actor as sched_mod
 
-    sched = sched_mod.Scheduler({"replicas": G, "policy_options": {"cost": "time"}},
+    sched = sched_mod.Scheduler(parse_graph_config(replicas=G, policy_options={"cost": "time"}),
                                 [f"d{g}" for g in range(G)])
     assert sched.core.calibrator is not None
     assert sched.core.calibrator.g == G
@@ -98,7 +100,7 @@ def test_no_calibration_no_coefficient_gauges_set(fake_metrics: dict[str, FakeMe
     from br_serve.serve.metrics import SchedulerMetrics
     from br_serve.serve.scheduler import actor as sched_mod
 
-    sched = sched_mod.Scheduler({"replicas": G}, [f"d{g}" for g in range(G)])
+    sched = sched_mod.Scheduler(parse_graph_config(replicas=G), [f"d{g}" for g in range(G)])
     assert sched.core.calibrator is None
     sched._metrics = SchedulerMetrics()
     sched._export_coefficients()
@@ -106,7 +108,7 @@ def test_no_calibration_no_coefficient_gauges_set(fake_metrics: dict[str, FakeMe
 
 
 def test_the_configured_model_is_the_prior() -> None:
-    cal = make_calibrator(2, ((5e-7, 1e-6), (0.03, 0.06), (0.0, 2e-3)))
+    cal = StepCalibrator(2, StepModel((5e-7, 1e-6), (0.03, 0.06), (0.0, 2e-3)))
     c = cal.coefficients()
     assert c.a_s_per_token.tolist() == pytest.approx([5e-7, 1e-6])
     assert c.b_s.tolist() == pytest.approx([0.03, 0.06])

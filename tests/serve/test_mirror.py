@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from br_serve.core import build_policy
+from br_serve.core.step import StepModel
 from br_serve.engine.base import SamplingParams
 from br_serve.engine.emulated import EmulatedEngine
 from br_serve.serve.replica.book import ReplicaBook, ReportClock, as_delta, build_report
@@ -43,7 +44,7 @@ class FakeReplica:
     incarnation: str
     book: ReplicaBook = field(default_factory=lambda: ReplicaBook(SLOTS))
     engine: EmulatedEngine = field(default_factory=lambda: EmulatedEngine(
-        kv_bytes_per_token=1, step_b_s=0.0, sleep=lambda s: None))
+        kv_bytes_per_token=1, step=StepModel(b_s=0.0), sleep=lambda s: None))
     step: int = 0
     pulling: dict[str, Admission] = field(default_factory=dict)
     clock: ReportClock = field(default_factory=lambda: ReportClock(0, full_every=5))
@@ -98,7 +99,7 @@ class World:
     def __init__(self, replicas: int, policy: str) -> None:
         pol = build_policy(policy)
         self.core = SchedulerCore(replicas, SLOTS, pool_capacity=6,
-                                  step_model=(0.0, 0.01, 0.0), policy=pol,
+                                  step_model=StepModel(0.0, 0.01, 0.0), policy=pol,
                                   detail=pol.needs.running_detail,
                                   clock=iter(range(10**9)).__next__)
         self.replicas = [FakeReplica(g, f"i{g}.0") for g in range(replicas)]
@@ -337,7 +338,7 @@ def test_self_advancing_mirror_matches_the_replicas(plan: list[tuple[int, int]])
     import random
 
     grp = _Group(3)
-    core = SchedulerCore(3, SLOTS, 8, (0.0, 0.01, 0.0), build_policy("jsq"), detail=True,
+    core = SchedulerCore(3, SLOTS, 8, StepModel(0.0, 0.01, 0.0), build_policy("jsq"), detail=True,
                          clock=iter(range(10**9)).__next__)
     for r in grp.replicas:
         core.mark_alive(r.index, r.incarnation)

@@ -36,15 +36,15 @@ def port() -> Iterator[int]:
 
     start_ray()
     p = free_port()
-    deploy(parse_graph_config(replicas=2, prefill_replicas=1, port=p, step_b_s=0.01,
-                              max_context_tokens=64, barrier_timeout_s=5))
-    serve.run(build(parse_graph_config(app_name="br_fresh", replicas=1, prefill_replicas=1,
-                                       step_b_s=0.02, barrier_timeout_s=5)),
+    deploy(parse_graph_config(replicas=2, prefill_replicas=1, serve_port=p, step_b_s=0.01,
+                              serve_max_context_tokens=64, serve_barrier_timeout_s=5))
+    serve.run(build(parse_graph_config(serve_app_name="br_fresh", replicas=1, prefill_replicas=1,
+                                       step_b_s=0.02, serve_barrier_timeout_s=5)),
               name="br_fresh", route_prefix="/fresh", blocking=False)
     # As `serve run` does: serve.run returns when Serve calls the app ready (the
     # ingress's constructor returned); what a user sees right then is recorded here.
-    serve.run(build(parse_graph_config(app_name="br_ready", replicas=2, prefill_replicas=1,
-                                       step_b_s=0.01, barrier_timeout_s=5)),
+    serve.run(build(parse_graph_config(serve_app_name="br_ready", replicas=2, prefill_replicas=1,
+                                       step_b_s=0.01, serve_barrier_timeout_s=5)),
               name="br_ready", route_prefix="/readyapp", blocking=False)
     _AT_READY.update(_first_contact(f"http://127.0.0.1:{p}/readyapp"))
     yield p

@@ -18,31 +18,35 @@ D = "http://10.0.0.2:8200"
 
 
 def test_layouts_set_replicas() -> None:
-    c = parse_graph_config(engine="vllm", prefill_urls=P, decode_urls=D, dp_size="8")
-    assert c.replicas == 8 and c.decode_target(5) == (D, 5) and c.kv_transport() == "remote"
+    c = parse_graph_config(engine="vllm", remote_prefill_urls=P, remote_decode_urls=D,
+                           remote_dp_size="8")
+    assert c.replicas == 8 and c.remote.decode_target(5) == (D, 5)
+    assert c.kv_transport() == "remote"
     urls = ",".join(f"http://10.0.0.2:{8200 + g}" for g in range(4))
-    c = parse_graph_config(engine="vllm", prefill_urls=P, decode_urls=urls)
-    assert c.replicas == 4 and c.decode_target(2) == ("http://10.0.0.2:8202", None)
-    c = parse_graph_config(engine="sglang", prefill_urls=P, decode_urls=D, dp_size=2,
-                           replicas="2")
-    assert c.replicas == 2 and c.keeper_ttl_s() == c.pool_ttl_s
+    c = parse_graph_config(engine="vllm", remote_prefill_urls=P, remote_decode_urls=urls)
+    assert c.replicas == 4 and c.remote.decode_target(2) == ("http://10.0.0.2:8202", None)
+    c = parse_graph_config(engine="sglang", remote_prefill_urls=P, remote_decode_urls=D,
+                           remote_dp_size=2, replicas="2")
+    assert c.replicas == 2 and c.keeper_ttl_s() == c.pool.ttl_s
     assert parse_graph_config().kv_transport() == "objref"
 
 
+V = {"engine": "vllm", "remote.prefill_urls": P}
+
+
 @pytest.mark.parametrize("args, field", [
-    ({"engine": "vllm", "decode_urls": D}, "prefill_urls"),
-    ({"engine": "vllm", "prefill_urls": P}, "decode_urls"),
-    ({"engine": "vllm", "prefill_urls": "ftp://x:1", "decode_urls": D}, "prefill_urls"),
-    ({"engine": "vllm", "prefill_urls": P + "/v1", "decode_urls": D}, "prefill_urls"),
-    ({"engine": "vllm", "prefill_urls": P, "decode_urls": f"{D},{D}"}, "decode_urls"),
-    ({"engine": "vllm", "prefill_urls": P, "decode_urls": f"{D},{P}", "dp_size": 2},
-     "dp_size"),
-    ({"engine": "sglang", "prefill_urls": P, "decode_urls": f"{D},{P}"}, "decode_urls"),
-    ({"engine": "vllm", "prefill_urls": P, "decode_urls": D, "dp_size": 4, "replicas": 3},
-     "replicas"),
-    ({"prefill_urls": P}, "prefill_urls"),
-    ({"engine": "vllm", "prefill_urls": P, "decode_urls": D, "pool_ttl_s": 0},
-     "pool_ttl_s"),
+    ({"engine": "vllm", "remote.decode_urls": D}, "remote.prefill_urls"),
+    ({"engine": "vllm", "remote.prefill_urls": P}, "remote.decode_urls"),
+    ({**V, "remote.prefill_urls": "ftp://x:1", "remote.decode_urls": D},
+     "remote.prefill_urls"),
+    ({**V, "remote.prefill_urls": P + "/v1", "remote.decode_urls": D}, "remote.prefill_urls"),
+    ({**V, "remote.decode_urls": f"{D},{D}"}, "remote.decode_urls"),
+    ({**V, "remote.decode_urls": f"{D},{P}", "remote.dp_size": 2}, "remote.dp_size"),
+    ({"engine": "sglang", "remote.prefill_urls": P, "remote.decode_urls": f"{D},{P}"},
+     "remote.decode_urls"),
+    ({**V, "remote.decode_urls": D, "remote.dp_size": 4, "replicas": 3}, "replicas"),
+    ({"remote.prefill_urls": P}, "remote.prefill_urls"),
+    ({**V, "remote.decode_urls": D, "pool.ttl_s": 0}, "pool.ttl_s"),
 ])
 def test_bad_remote_config_names_the_field(args: dict[str, object], field: str) -> None:
     with pytest.raises(GraphConfigError) as err:

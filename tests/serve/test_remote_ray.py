@@ -116,15 +116,16 @@ def _deploy(port: int, layout: str, prefill_url: str, decode: EmulatorThread | s
     app = "br_" + layout.replace("-", "_")
     if isinstance(decode, str):
         urls: Any = decode
-        kw.setdefault("dp_size", G)
+        kw.setdefault("remote_dp_size", G)
     elif decode.config.port_per_rank:
         urls = [decode.rank_url(g) for g in range(G)]
     else:
         urls = decode.url
-        kw["dp_size"] = G
-    deploy(parse_graph_config(engine=protocol, prefill_urls=prefill_url, decode_urls=urls,
-                              remote_model="emulated", prefill_replicas=1, port=port,
-                              app_name=app, barrier_timeout_s=5, **kw),
+        kw["remote_dp_size"] = G
+    deploy(parse_graph_config(engine=protocol, remote_prefill_urls=prefill_url,
+                              remote_decode_urls=urls, remote_model="emulated",
+                              prefill_replicas=1, serve_port=port, serve_app_name=app,
+                              serve_barrier_timeout_s=5, **kw),
            route_prefix=f"/{app}")
     return app
 

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from br_serve.core import ClusterSnapshot, PromptPool, TickResult, build_policy
+from br_serve.core.calibration import StepCalibrator
+from br_serve.core.step import StepModel
 from br_serve.engine.base import SamplingParams
-from br_serve.serve.scheduler.core import SchedulerCore, make_calibrator
+from br_serve.serve.scheduler.core import SchedulerCore
 from br_serve.serve.wire.messages import Admission, ReplicaReport
 from br_serve.transport.base import KVHandle
 
@@ -24,7 +26,7 @@ A = np.array([6e-7, 6e-7, 9e-7, 9e-7])
 B = np.array([0.025, 0.025, 0.0375, 0.0375])
 C = np.array([1e-3, 1e-3, 1.5e-3, 1.5e-3])
 #: what the graph is configured with (the prior): homogeneous, no batch term
-CONFIGURED = (5e-7, 0.03, 0.0)
+CONFIGURED = StepModel(5e-7, 0.03, 0.0)
 
 
 class Spy:
@@ -44,7 +46,7 @@ class Spy:
 def _core(policy: Any, calibrate: bool = True, slots: int = 16) -> SchedulerCore:
     core = SchedulerCore(G, slots, 64, CONFIGURED, policy, detail=False,
                          clock=iter(range(10**6)).__next__,
-                         calibrator=make_calibrator(G, CONFIGURED) if calibrate else None)
+                         calibrator=StepCalibrator(G, CONFIGURED) if calibrate else None)
     for g in range(G):
         core.mark_alive(g, f"i{g}")
     core.members.begin(tuple(range(G)))
@@ -122,7 +124,7 @@ def test_idle_members_and_dead_replicas_are_not_fitted() -> None:
     coef = core.coefficients()
     assert coef is not None
     assert coef.steps.tolist() == [50, 50, 50, 0]
-    assert coef.b_s[3] == pytest.approx(CONFIGURED[1])  # still the prior
+    assert coef.b_s[3] == pytest.approx(CONFIGURED.b_s)  # still the prior
     core.mark_dead(2)
     core.on_report(_rank0(core, 51, [1e4] * G, [4, 4, 4, 0], [0.03] * G))
     coef = core.coefficients()
@@ -162,7 +164,7 @@ def test_the_policy_sees_the_fit_and_routes_on_it() -> None:
             assert snap.step_a_s_per_token[1] == pytest.approx(2 * A[1], rel=0.05)
             assert snap.step_b_s[0] == pytest.approx(B[0], rel=0.05)
         else:
-            assert snap.step_a_s_per_token.tolist() == [CONFIGURED[0]] * G
+            assert snap.step_a_s_per_token.tolist() == [CONFIGURED.a_s_per_token] * G
     assert picks == {"tokens": 1, "time": 0}
 
 
@@ -183,21 +185,21 @@ def test_state_exports_the_fit_or_the_configured_model() -> None:
     _feed(plain, np.random.default_rng(1), 5)
     s = plain.state()
     assert s["step_coefficients"] == "configured" and plain.coefficients() is None
-    assert s["replicas"][2]["step"] == {"a_s_per_token": CONFIGURED[0],
-                                        "b_s": CONFIGURED[1], "c_s_per_request": 0.0}
+    assert s["replicas"][2]["step"] == {"a_s_per_token": CONFIGURED.a_s_per_token,
+                                        "b_s": CONFIGURED.b_s, "c_s_per_request": 0.0}
 
 
 def test_a_calibrator_for_another_cluster_size_is_refused() -> None:
     with pytest.raises(ValueError, match="calibrator"):
         SchedulerCore(G, 4, 8, CONFIGURED, build_policy("jsq"), detail=False,
-                      calibrator=make_calibrator(G + 1, CONFIGURED))
+                      calibrator=StepCalibrator(G + 1, CONFIGURED))
 
 
 
 def test_steps_are_priced_with_the_engines_model_when_it_differs() -> None:
     """The step counters' model-priced time uses ``price_model`` (the emulated engines'
     own model), not the configured one the policy is told."""
-    true = (A, B, C)
+    true = StepModel(tuple(A.tolist()), tuple(B.tolist()), tuple(C.tolist()))
     core = SchedulerCore(G, 16, 64, CONFIGURED, build_policy("br0"), detail=False,
                          clock=iter(range(10**6)).__next__, price_model=true)
     for g in range(G):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from br_serve.core import FinishedRequests, Prediction, build_policy
+from br_serve.core.step import StepModel
 from br_serve.engine.base import SamplingParams
 from br_serve.serve.scheduler.core import SchedulerCore
 from br_serve.serve.wire.messages import Admission, AdmitReply, ReplicaReport
@@ -41,7 +42,7 @@ def _report(rid_running: tuple[str, ...], finished: tuple[tuple[str, int], ...] 
 
 
 def _core(predictor: Any = None) -> SchedulerCore:
-    core = SchedulerCore(1, 2, 4, (0.0, 0.01, 0.0), build_policy("jsq"), detail=False,
+    core = SchedulerCore(1, 2, 4, StepModel(0.0, 0.01, 0.0), build_policy("jsq"), detail=False,
                          predictor=predictor, clock=iter(range(10**6)).__next__)
     core.mark_alive(0, "i0")
     return core

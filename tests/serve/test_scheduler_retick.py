@@ -6,13 +6,15 @@ import asyncio
 import time
 
 from br_serve.core import build_policy
+from br_serve.core.step import StepModel
+from br_serve.serve.config import parse_graph_config
 from br_serve.serve.scheduler.actor import Scheduler
 from br_serve.serve.scheduler.core import SchedulerCore
 from tests.serve.test_sched_core import _admission
 
 
 def _held_core(clock: list[float]) -> SchedulerCore:
-    core = SchedulerCore(2, 2, 8, (0.0, 0.01, 0.0),
+    core = SchedulerCore(2, 2, 8, StepModel(0.0, 0.01, 0.0),
                          build_policy("br0", {"hold_budget_ms": 200.0}), detail=False,
                          clock=lambda: clock[0])
     core.mark_alive(0, "i0")
@@ -33,7 +35,8 @@ def test_core_records_the_retick_time_of_a_held_request() -> None:
 
 def test_retick_wakes_the_tick_loop_at_the_requested_time() -> None:
     async def run() -> float:
-        sch = Scheduler({"policy": "br0", "policy_options": {"hold_budget_ms": 50}},
+        sch = Scheduler(parse_graph_config(policy="br0",
+                                           policy_options={"hold_budget_ms": 50}),
                         ["d0", "d1"])
         sch._wake = asyncio.Event()
         sch.core.retick_s = sch.core.now_s() + 0.05

@@ -22,7 +22,7 @@ def test_sim_replays_write_runs_and_ensemble(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o"
     rc = main(["sim", "--trace", str(_trace(tmp_path)), "--policies", "jsq,br0,brh",
-               "--predictor", "oracle", "--replicas", "2", "--slots", "4", "--saturated",
+               "--predictor", "oracle", "--replicas", "2", "--slots", "4", "--sim-saturated",
                "--replays", "3", "--limit", "80", "--jobs", "1", "--out", str(out)])
     assert rc == 0
     doc = json.loads((out / "summary.json").read_text())
@@ -61,11 +61,11 @@ def test_sim_stationary_and_single_replay(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "field"), [
-    (["--replays", "0", "--limit", "50", "--saturated"], "replays"),
+    (["--replays", "0", "--limit", "50", "--sim-saturated"], "replays"),
     (["--replays", "2", "--replay-mode", "shuffle"], "--replay-mode"),
-    (["--replays", "2", "--limit", "500", "--saturated"], "limit"),
-    (["--replays", "2", "--saturated"], "--limit"),
-    (["--replays", "2", "--limit", "50", "--saturated", "--baseline", "p2c"], "baseline"),
+    (["--replays", "2", "--limit", "500", "--sim-saturated"], "limit"),
+    (["--replays", "2", "--sim-saturated"], "--limit"),
+    (["--replays", "2", "--limit", "50", "--sim-saturated", "--baseline", "p2c"], "baseline"),
     (["--stationary", "--replays", "2", "--limit", "60"], "limit"),
 ])
 def test_sim_bad_ensemble_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from br_serve.cli import main
 from br_serve.core import ConfigError
 from br_serve.core.dyntralb import bubble
 from br_serve.core.state import ClusterState
+from br_serve.core.step import StepModel
 from br_serve.core.types import Assignment
 from br_serve.sim.config import parse_sim_config
 from br_serve.sim.dyntralb import DyntraLBEngine
@@ -22,7 +24,7 @@ from br_serve.sim.engine import simulate
 from br_serve.sim.runner import WALL_CLOCK_KEYS
 from br_serve.traces import Trace
 
-STATIC = {"dyntralb_bubble_threshold_blocks": 2.0, "dyntralb_mode": "static",
+STATIC: dict[str, Any] = {"dyntralb_bubble_threshold_blocks": 2.0, "dyntralb_mode": "static",
           "dyntralb_start_step": 0, "dyntralb_block_tokens": 16}
 
 
@@ -37,7 +39,7 @@ def _trace(n: int = 240, seed: int = 3) -> Trace:
 @pytest.mark.parametrize("policy", ["jsq", "sglang_total_tokens", "consistent_hash"])
 def test_every_token_once_and_pauses_cost_tpot(policy: str, saturated: bool) -> None:
     tr = _trace()
-    cfg = parse_sim_config(policy=policy, replicas=4, slots=4, saturated=saturated,
+    cfg = parse_sim_config(policy=policy, replicas=4, slots=4, sim_saturated=saturated,
                            pool_capacity=64 if saturated else 65536, **STATIC)
     res = simulate(tr, cfg)
     s = res.summary()
@@ -67,7 +69,7 @@ def test_plan_keeps_the_bubble_under_the_threshold_when_it_can() -> None:
     """Rank 0 holds one 40-block and one 1-block request, rank 1 two 1-block ones and a
     waiting 30-block one; batch 2. vLLM alone would run 41 vs 2 blocks; DyntraLB's plan
     runs 30 on rank 1 in place of a 1 and the bubble falls from 19.5 to 5 blocks."""
-    st = ClusterState(2, 3, step_a_s_per_token=0.0)
+    st = ClusterState(2, 3, step=StepModel(a_s_per_token=0.0))
     eng = DyntraLBEngine(2, 2, 8.0, 16, "static", 0, 700, 256)
     # one decoded token keeps every request in its block (639 + 1 = 40 x 16)
     for rid, g, tokens in [("a", 0, 639), ("b", 0, 15), ("c", 1, 15), ("d", 1, 15),
@@ -90,12 +92,12 @@ def test_plan_keeps_the_bubble_under_the_threshold_when_it_can() -> None:
 
 
 def test_config_is_validated_by_field() -> None:
-    with pytest.raises(ConfigError, match="dyntralb_bubble_threshold_blocks"):
+    with pytest.raises(ConfigError, match=r"dyntralb\.bubble_threshold_blocks"):
         parse_sim_config(dyntralb_bubble_threshold_blocks=0)
-    with pytest.raises(ConfigError, match="dyntralb_mode"):
+    with pytest.raises(ConfigError, match=r"dyntralb\.mode"):
         parse_sim_config(dyntralb_bubble_threshold_blocks=5, dyntralb_mode="sometimes")
-    with pytest.raises(ConfigError, match="dyntralb_bubble_threshold_blocks"):
-        parse_sim_config(dyntralb_bubble_threshold_blocks=5, admit_delay_steps=1)
+    with pytest.raises(ConfigError, match=r"dyntralb\.bubble_threshold_blocks"):
+        parse_sim_config(dyntralb_bubble_threshold_blocks=5, sim_admit_delay_steps=1)
     on = parse_sim_config(policy="jsq", slots=4, dyntralb_bubble_threshold_blocks=5)
     assert on.label == "jsq+dyntralb" and on.rank_capacity == 8
     assert parse_sim_config(slots=4).rank_capacity == 4
@@ -130,7 +132,7 @@ def test_cli_runs_variants_with_scoped_engine_options(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("option", "message"), [
     ("nope=1", "'nope' is not an engine option"),
     ("other.dyntralb_mode=static", "'other.dyntralb_mode' names no --policies entry"),
-    ("dyntralb_bubble_threshold_blocks=-1", "dyntralb_bubble_threshold_blocks"),
+    ("dyntralb_bubble_threshold_blocks=-1", "dyntralb.bubble_threshold_blocks"),
 ])
 def test_cli_refuses_bad_engine_options(tmp_path: Path, option: str, message: str,
                                         capsys: pytest.CaptureFixture[str]) -> None:

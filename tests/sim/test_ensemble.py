@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from br_serve.sim import SimConfig
+from br_serve.sim import parse_sim_config
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import run_ensemble
 from br_serve.sim.runner import WALL_CLOCK_KEYS, RunSpec
@@ -33,9 +33,9 @@ def _no_wall(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_same_policy_under_two_names_gains_exactly_zero() -> None:
-    cfg = SimConfig(policy="random", replicas=3, slots=4, saturated=True)
+    cfg = parse_sim_config(policy="random", replicas=3, slots=4, sim_saturated=True)
     specs = [RunSpec(cfg), RunSpec(cfg, label="random-again"),
-             RunSpec(SimConfig(policy="jsq", replicas=3, slots=4, saturated=True))]
+             RunSpec(parse_sim_config(policy="jsq", replicas=3, slots=4, sim_saturated=True))]
     ens = run_ensemble(_trace(), specs, replays=5, limit=120, baseline="random", jobs=1)
     row = ens.row("random-again")
     assert row["gain_vs_baseline_mean"] == 0.0
@@ -57,7 +57,7 @@ def test_same_policy_under_two_names_gains_exactly_zero() -> None:
 
 
 def test_ensemble_rows_and_runs_are_complete() -> None:
-    specs = [RunSpec(SimConfig(policy=p, replicas=2, slots=3, saturated=True))
+    specs = [RunSpec(parse_sim_config(policy=p, replicas=2, slots=3, sim_saturated=True))
              for p in ("jsq", "br0")]
     ens = run_ensemble(_trace(), specs, replays=3, limit=80, jobs=1)
     assert len(ens.runs) == 6
@@ -84,7 +84,8 @@ def test_ensemble_rows_and_runs_are_complete() -> None:
 
 
 def test_same_seed_same_ensemble_for_any_jobs() -> None:
-    specs = [RunSpec(SimConfig(policy=p, predictor=pr, replicas=3, slots=4, saturated=True))
+    specs = [RunSpec(parse_sim_config(policy=p, predictor=pr, replicas=3, slots=4,
+                                      sim_saturated=True))
              for p, pr in (("jsq", None), ("random", None), ("br0", None), ("brh", "oracle"))]
     a = run_ensemble(_trace(), specs, replays=3, limit=100, seed=11, jobs=1)
     b = run_ensemble(_trace(), specs, replays=3, limit=100, seed=11, jobs=2)
@@ -96,7 +97,7 @@ def test_same_seed_same_ensemble_for_any_jobs() -> None:
 
 
 def test_bad_ensemble_input_names_the_field() -> None:
-    specs = [RunSpec(SimConfig(policy="jsq", replicas=2, saturated=True))]
+    specs = [RunSpec(parse_sim_config(policy="jsq", replicas=2, sim_saturated=True))]
     with pytest.raises(ValueError, match=r"^replays:"):
         run_ensemble(_trace(), specs, replays=0, limit=10, jobs=1)
     with pytest.raises(ValueError, match=r"^replay_mode:"):
@@ -107,7 +108,7 @@ def test_bad_ensemble_input_names_the_field() -> None:
         run_ensemble(_trace(), specs, replays=2, limit=10, baseline="p2c", jobs=1)
     with pytest.raises(ValueError, match=r"^jobs:"):
         run_ensemble(_trace(), specs, replays=2, limit=10, jobs=0)
-    dup = [specs[0], RunSpec(SimConfig(policy="br0", replicas=2, saturated=True),
+    dup = [specs[0], RunSpec(parse_sim_config(policy="br0", replicas=2, sim_saturated=True),
                              label="jsq")]
     with pytest.raises(ValueError, match=r"^policies: label"):
         run_ensemble(_trace(), dup, replays=2, limit=10, jobs=1)
@@ -119,7 +120,7 @@ def test_stationary_window_by_hand() -> None:
     """G = 1, B = 1, step 10 ms, every output 10 steps: one admission per 0.1 s. Pool depth
     4, warm-up 4 + 2 admissions. Row i is admitted at step 10 i and (i >= 4) entered the
     pool at step 10 (i - 4), so it waits 0.4 s; row 19, the last, enters at step 150."""
-    cfg = SimConfig(policy="jsq", replicas=1, slots=1, step_a_s_per_token=0.0,
+    cfg = parse_sim_config(policy="jsq", replicas=1, slots=1, step_a_s_per_token=0.0,
                     step_b_s=0.01)
     ens = run_ensemble(_flat(20), [RunSpec(cfg)], replays=1, replay_mode="none",
                        stationary=Stationary(), jobs=1)
@@ -146,7 +147,7 @@ def test_capacity_of_a_trivial_cluster_within_two_percent() -> None:
     prefill time: a request holds a slot 0.1 s, so the cluster serves 4 / 0.1 = 40 req/s.
     Below that (evenly spaced arrivals) nobody queues and TTFT <= 2 steps; above it the
     queue grows over the 400 requests and TTFT P95 passes 50 ms."""
-    cfg = SimConfig(policy="jsq", replicas=1, slots=4, step_a_s_per_token=0.0, step_b_s=0.01,
+    cfg = parse_sim_config(policy="jsq", replicas=1, slots=4, step_a_s_per_token=0.0, step_b_s=0.01,
                     prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
     res = capacity(_flat(400), [RunSpec(cfg), RunSpec(cfg, label="jsq-again")],
                    SLO(tpot_p95_ms=100, ttft_p95_s=0.05), replays=2, replay_mode="seed",
@@ -164,7 +165,7 @@ def test_capacity_of_a_trivial_cluster_within_two_percent() -> None:
 
 
 def test_capacity_unmeetable_and_capped_slos_say_so() -> None:
-    cfg = SimConfig(policy="jsq", replicas=1, slots=4, step_a_s_per_token=0.0, step_b_s=0.01,
+    cfg = parse_sim_config(policy="jsq", replicas=1, slots=4, step_a_s_per_token=0.0, step_b_s=0.01,
                     prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
     tr = _flat(200)
     res = capacity(tr, [RunSpec(cfg)], SLO(tpot_p95_ms=5, ttft_p95_s=10), replays=1,
@@ -179,8 +180,8 @@ def test_capacity_unmeetable_and_capped_slos_say_so() -> None:
     top = capacity(tr, [RunSpec(cfg)], SLO(tpot_p95_ms=100, ttft_p95_s=0.05), replays=1,
                    replay_mode="seed", jobs=1, bracket=Bracket(lo_req_s=2, hi_req_s=20))
     assert top.runs[0]["capped"] and top.runs[0]["capacity_req_s"] == 20
-    with pytest.raises(ValueError, match=r"^saturated:"):
-        capacity(tr, [RunSpec(SimConfig(policy="jsq", saturated=True))], SLO(50, 1))
+    with pytest.raises(ValueError, match=r"^sim.saturated:"):
+        capacity(tr, [RunSpec(parse_sim_config(policy="jsq", sim_saturated=True))], SLO(50, 1))
     with pytest.raises(ValueError, match=r"^slo_tpot_p95_ms:"):
         SLO(0, 1)
     with pytest.raises(ValueError, match=r"^rate_lo_req_s:"):
@@ -199,10 +200,10 @@ def test_a_fixed_fraction_slower_policy_gives_that_fraction(
     """Step time 10 ms whatever the load (a = 0), every output 5 steps, saturated: JSQ
     keeps all G x B = 8 slots busy, SkipLast never uses the last of 4 replicas, so it
     produces 6 tokens per step against 8 in every replay: gain -25% exactly."""
-    cfg: dict[str, Any] = dict(replicas=4, slots=2, saturated=True, step_a_s_per_token=0.0,
+    cfg: dict[str, Any] = dict(replicas=4, slots=2, sim_saturated=True, step_a_s_per_token=0.0,
                                step_b_s=0.01)
-    specs = [RunSpec(SimConfig(policy="jsq", **cfg)),
-             RunSpec(SimConfig(policy=SKIP, **cfg), label="skip-last")]
+    specs = [RunSpec(parse_sim_config(policy="jsq", **cfg)),
+             RunSpec(parse_sim_config(policy=SKIP, **cfg), label="skip-last")]
     ens = run_ensemble(_flat(400, out=5), specs, replays=3, limit=240,
                        stationary=stationary, jobs=1)
     row = ens.row("skip-last")
@@ -222,10 +223,10 @@ def test_deferral_gains_in_the_steady_window_but_not_when_stationary() -> None:
     prompt = np.where(np.arange(n) % 2 == 0, 10, 20_000)
     out = np.random.default_rng(0).integers(5, 30, n)
     tr = Trace.build(np.arange(n, dtype=float), prompt, out, source="bimodal")
-    cfg: dict[str, Any] = dict(replicas=2, slots=2, saturated=True, step_a_s_per_token=1e-6,
+    cfg: dict[str, Any] = dict(replicas=2, slots=2, sim_saturated=True, step_a_s_per_token=1e-6,
                                step_b_s=0.01)
-    specs = [RunSpec(SimConfig(policy="jsq", **cfg)),
-             RunSpec(SimConfig(policy=SMALL, **cfg), label="smallest-first")]
+    specs = [RunSpec(parse_sim_config(policy="jsq", **cfg)),
+             RunSpec(parse_sim_config(policy=SMALL, **cfg), label="smallest-first")]
     window = run_ensemble(tr, specs, replays=3, limit=300, jobs=1).row("smallest-first")
     assert window["gain_vs_baseline_ci95"][0] > 0.1  # a clear "win" of +26%
     st = run_ensemble(tr, specs, replays=3, limit=300, stationary=Stationary(), jobs=1)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from br_serve.sim import SimConfig, simulate
+from br_serve.sim import parse_sim_config, simulate
 from br_serve.traces import Trace
 
 # a = 1 ms/token, b = 10 ms, c = 0; prefill free (delivered at arrival).
@@ -22,7 +22,7 @@ def _trace() -> Trace:
 
 
 def test_hand_computed_two_replicas() -> None:
-    res = simulate(_trace(), SimConfig(**CFG))
+    res = simulate(_trace(), parse_sim_config(**CFG))
     s = res.steps
     # jsq: r0 -> g0, r1 -> g1 (ties to the lowest index); r2 later -> g0 (both idle).
     assert res.replica.tolist() == [0, 1, 0]
@@ -58,7 +58,7 @@ def test_hand_computed_two_replicas() -> None:
 
 def test_per_replica_coefficients_and_c() -> None:
     # g1 is twice as slow per token; c = 2 ms per running request.
-    cfg = SimConfig(**{**CFG, "step_a_s_per_token": (1e-3, 2e-3), "step_b_s": (0.01, 0.0),
+    cfg = parse_sim_config(**{**CFG, "step_a_s_per_token": (1e-3, 2e-3), "step_b_s": (0.01, 0.0),
                        "step_c_s_per_request": 0.002})
     res = simulate(_trace(), cfg)
     # step0: g0 10+2+10 = 22 ms, g1 8+2+0 = 10 ms; step1: 23 / 12; step2: g0 idle 10 ms
@@ -69,7 +69,7 @@ def test_per_replica_coefficients_and_c() -> None:
 def test_prefill_delays_and_capacity() -> None:
     # One prefill instance, 0.1 s + 1 ms/token: r0 done 0.11, r1 0.11 + 0.104 = 0.214,
     # r2 starts at max(0.214, 1.0) = 1.0, done 1.105.
-    cfg = SimConfig(**{**CFG, "prefill_p0_s": 0.1, "prefill_p1_s_per_token": 1e-3})
+    cfg = parse_sim_config(**{**CFG, "prefill_p0_s": 0.1, "prefill_p1_s_per_token": 1e-3})
     res = simulate(_trace(), cfg)
     np.testing.assert_allclose(res.enqueue_s, [0.11, 0.214, 1.105], atol=1e-12)
     first, _ = res.request_times()
@@ -81,9 +81,9 @@ def test_prefill_delays_and_capacity() -> None:
 
 def test_full_pool_stalls_prefill() -> None:
     # G=1, B=1, pool of 1, two prefill instances of 0.1 s; steps cost exactly b = 30 ms.
-    cfg = SimConfig(policy="br0", replicas=1, slots=1, pool_capacity=1, step_a_s_per_token=0.0,
-                    step_b_s=0.03, prefill_replicas=2, prefill_p0_s=0.1,
-                    prefill_p1_s_per_token=0.0)
+    cfg = parse_sim_config(policy="br0", replicas=1, slots=1, pool_capacity=1,
+                           step_a_s_per_token=0.0, step_b_s=0.03, prefill_replicas=2,
+                           prefill_p0_s=0.1, prefill_p1_s_per_token=0.0)
     trace = Trace.build([0.0, 0.0, 0.0], [10, 10, 10], [10, 1, 1], source="stall")
     res = simulate(trace, cfg)
     # t=0.1: r0 and r1 finish prefill; r0 takes the pool's one place, r1 waits on its
@@ -94,11 +94,11 @@ def test_full_pool_stalls_prefill() -> None:
 
 
 def test_admission_delay_by_hand() -> None:
-    """``admit_delay_steps=1`` (the Ray graph): an assigned request holds its slot for one
+    """``sim_admit_delay_steps=1`` (the Ray graph): an assigned request holds its slot for one
     step without decoding or loading it. G=1, 2 slots, a = 1 ms/token, b = 10 ms.
     r0: s=10, o=3 at t=0; r1: s=4, o=1 at t=15 ms (during r0's first step)."""
     tr = Trace.build([0.0, 0.015], [10, 4], [3, 1], source="hand")
-    cfg = SimConfig(**{**CFG, "replicas": 1, "slots": 2, "admit_delay_steps": 1})
+    cfg = parse_sim_config(**{**CFG, "replicas": 1, "slots": 2, "sim_admit_delay_steps": 1})
     res = simulate(tr, cfg)
     s = res.steps
     # r0 alone and waiting: the replica idles one b (10 ms, not a busy step); then
@@ -114,7 +114,7 @@ def test_admission_delay_by_hand() -> None:
     np.testing.assert_allclose(fin, [0.077, 0.077], atol=1e-12)
     assert res.summary()["throughput_tok_s"] == pytest.approx(4 / 0.067)
     # the paper's model (no delay): r1 joins step 1 (L = 11 + 4)
-    now = simulate(tr, SimConfig(**{**CFG, "replicas": 1, "slots": 2}))
+    now = simulate(tr, parse_sim_config(**{**CFG, "replicas": 1, "slots": 2}))
     assert now.admit_step.tolist() == [0, 1]
     assert now.steps.sum_load_tokens.tolist() == [10, 15, 12]
 
@@ -139,8 +139,8 @@ def test_step_drift_and_noise_are_paired_and_exact() -> None:
     tr = Trace.build([0.0], [10], [4], source="hand")
     base: dict[str, Any] = dict(policy="jsq", replicas=1, slots=1, step_a_s_per_token=1e-3,
                                 step_b_s=0.01, prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
-    slow = simulate(tr, SimConfig(**base, step_drift=((0, 2, 2.0),)))
+    slow = simulate(tr, parse_sim_config(**base, sim_step_drift=((0, 2, 2.0),)))
     want = [0.02, 0.021, 2 * 0.022, 2 * 0.023]
     assert np.allclose(slow.steps.tau_s, want)
     with pytest.raises(ValueError, match="step_drift"):
-        SimConfig(**base, step_drift=((1, 0, 2.0),))
+        parse_sim_config(**base, sim_step_drift=((1, 0, 2.0),))

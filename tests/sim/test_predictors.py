@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from br_serve.core import FinishedRequests, Prediction, RunningRequests
-from br_serve.sim import SimConfig, simulate
+from br_serve.sim import parse_sim_config, simulate
 from br_serve.traces import SyntheticSpec, synthetic_trace
 
 
@@ -49,7 +49,7 @@ class OracleSpy(Spy):
 def test_observe_each_finish_once() -> None:
     trace = synthetic_trace(SyntheticSpec(requests=200, rate_per_s=30, seed=2))
     spy = Spy()
-    res = simulate(trace, SimConfig(policy="brh", replicas=3, slots=4), predictor=spy)
+    res = simulate(trace, parse_sim_config(policy="brh", replicas=3, slots=4), predictor=spy)
     assert sorted(spy.seen) == sorted(trace.output_tokens.tolist())
     assert spy.checked > 0
     assert res.summary()["predictor_failed_ticks"] == 0
@@ -58,5 +58,5 @@ def test_observe_each_finish_once() -> None:
 def test_oracle_sees_true_remaining() -> None:
     trace = synthetic_trace(SyntheticSpec(requests=150, rate_per_s=30, seed=4))
     spy = OracleSpy(dict(enumerate(trace.output_tokens.tolist())))
-    simulate(trace, SimConfig(policy="brh", replicas=3, slots=4), predictor=spy)
+    simulate(trace, parse_sim_config(policy="brh", replicas=3, slots=4), predictor=spy)
     assert spy.checked > 0

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from br_serve.core import policy_class, policy_names
-from br_serve.sim import SimConfig, simulate
+from br_serve.sim import SimConfig, parse_sim_config, simulate
 from br_serve.traces import SyntheticSpec, Trace, synthetic_trace
 from br_serve.traces.synthetic import LengthDist
 
@@ -23,13 +23,13 @@ def workloads(draw: st.DrawFn) -> tuple[Trace, SimConfig]:
     trace = Trace.build(arr, inp, out, source="hyp")
     policy = draw(st.sampled_from(POLICIES))
     needs = policy_class(policy).needs.predictor
-    cfg = SimConfig(
+    cfg = parse_sim_config(
         policy=policy, predictor="oracle" if needs else None,
         replicas=draw(st.integers(1, 5)), slots=draw(st.integers(1, 4)),
-        saturated=draw(st.booleans()), seed=draw(st.integers(0, 3)),
+        sim_saturated=draw(st.booleans()), seed=draw(st.integers(0, 3)),
         prefill_replicas=draw(st.integers(1, 3)), pool_capacity=draw(st.integers(1, 50)),
         policy_options={"horizon": draw(st.integers(0, 20))} if needs else {},
-        max_stretch_steps=draw(st.integers(1, 64)))
+        sim_max_stretch_steps=draw(st.integers(1, 64)))
     return trace, cfg
 
 
@@ -69,22 +69,22 @@ def _fingerprint(cfg: SimConfig, trace: Trace) -> tuple[object, ...]:
 def test_determinism_same_seed() -> None:
     trace = synthetic_trace(SyntheticSpec(requests=300, rate_per_s=20, seed=3))
     for policy in ("random", "p2c", "br0", "brh"):
-        cfg = SimConfig(policy=policy, replicas=4, slots=4, seed=11)
+        cfg = parse_sim_config(policy=policy, replicas=4, slots=4, seed=11)
         assert _fingerprint(cfg, trace) == _fingerprint(cfg, trace), policy
 
 
 def test_seed_matters_for_random_policy() -> None:
     trace = synthetic_trace(SyntheticSpec(requests=300, rate_per_s=20, seed=3))
-    a = _fingerprint(SimConfig(policy="random", replicas=4, slots=4, seed=1), trace)
-    b = _fingerprint(SimConfig(policy="random", replicas=4, slots=4, seed=2), trace)
+    a = _fingerprint(parse_sim_config(policy="random", replicas=4, slots=4, seed=1), trace)
+    b = _fingerprint(parse_sim_config(policy="random", replicas=4, slots=4, seed=2), trace)
     assert a[0] != b[0]
 
 
 def test_saturated_window_and_drain() -> None:
     spec = SyntheticSpec(requests=200, arrival="saturated", seed=5,
                          output=LengthDist(median=100, sigma=0.8, max_tokens=400))
-    res = simulate(synthetic_trace(spec), SimConfig(policy="br0", replicas=4, slots=4,
-                                                    saturated=True))
+    res = simulate(synthetic_trace(spec), parse_sim_config(policy="br0", replicas=4, slots=4,
+                                                    sim_saturated=True))
     s = res.summary()
     w = res.steady_steps
     assert w is not None and 0 < w < s["steps"]
@@ -100,10 +100,10 @@ def test_brh_h0_oracle_equals_br0_in_simulation() -> None:
     spec = SyntheticSpec(requests=400, arrival="saturated", seed=9,
                          output=LengthDist(median=150, sigma=1.0, max_tokens=2000))
     trace = synthetic_trace(spec)
-    a = simulate(trace, SimConfig(policy="br0", replicas=4, slots=4, saturated=True))
-    b = simulate(trace, SimConfig(policy="brh", predictor="oracle", policy_options={"horizon": 0},
-                                  replicas=4,
-                                  slots=4, saturated=True))
+    a = simulate(trace, parse_sim_config(policy="br0", replicas=4, slots=4, sim_saturated=True))
+    b = simulate(trace, parse_sim_config(policy="brh", predictor="oracle",
+                                         policy_options={"horizon": 0}, replicas=4,
+                                  slots=4, sim_saturated=True))
     assert (a.replica == b.replica).all()
     assert (a.admit_step == b.admit_step).all()
     assert a.summary()["mean_imbalance_tokens"] == b.summary()["mean_imbalance_tokens"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from br_serve.sim import SimConfig
+from br_serve.sim import parse_sim_config
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import run_ensemble
 from br_serve.sim.runner import RunSpec
@@ -25,9 +25,10 @@ def test_render_states_intervals_and_ties(tmp_path: Path) -> None:
     tr = Trace.build(np.cumsum(rng.exponential(0.3, n)), rng.integers(10, 4000, n),
                      rng.integers(1, 80, n), source="synthetic")
     mk = [("jsq", None), ("round_robin", None), ("br0", None), ("brh", "oracle")]
-    sat = [RunSpec(SimConfig(policy=p, predictor=pr, replicas=2, slots=4, saturated=True))
+    sat = [RunSpec(parse_sim_config(policy=p, predictor=pr, replicas=2, slots=4,
+                                    sim_saturated=True))
            for p, pr in mk]
-    timed = [RunSpec(SimConfig(policy=p, predictor=pr, replicas=2, slots=4)) for p, pr in mk]
+    timed = [RunSpec(parse_sim_config(policy=p, predictor=pr, replicas=2, slots=4)) for p, pr in mk]
     st = run_ensemble(tr, sat, replays=3, limit=150, stationary=Stationary(), jobs=1)
     tt = run_ensemble(tr, timed, replays=3, limit=120, jobs=1)
     cap = capacity(tr, timed[:2], SLO(tpot_p95_ms=60, ttft_p95_s=5), replays=2,

@@ -109,9 +109,9 @@ def test_filters(tmp_path: Path) -> None:
     assert load_trace(p, limit=2).output_tokens.tolist() == [245, 422]
     win = load_trace(p, start_s=0.1, end_s=5.0)
     assert win.arrival_s.tolist() == [0.0, 2.75]
-    assert load_trace(p, time_scale=2.0).arrival_s.tolist() == [0.0, 0.5, 6.0]
-    with pytest.raises(ValueError, match="time_scale"):
-        load_trace(p, time_scale=0)
+    assert load_trace(p, arrival_scale=2.0).arrival_s.tolist() == [0.0, 0.5, 6.0]
+    with pytest.raises(ValueError, match="arrival_scale"):
+        load_trace(p, arrival_scale=0)
     with pytest.raises(ValueError, match="min_output"):
         load_trace(p, min_output=5, max_output=4)
 

@@ -41,7 +41,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from br_serve.serve.actors import create_actors, replace_decode
-from br_serve.serve.config import parse_graph_config
+from br_serve.serve.config import GraphConfig
 from br_serve.serve.frontend import openai_api as oa
 from br_serve.serve.frontend.responses import ClosingStreamingResponse
 from br_serve.serve.frontend.stopping import OutputFilter
@@ -161,16 +161,17 @@ class Ingress:
     """OpenAI-compatible ingress (a Serve deployment built by :mod:`br_serve.serve.graph`)."""
 
     # Serve awaits an async constructor (the replica is ready only when it returns)
-    async def __init__(self, prefill: Any, config: dict[str, Any]) -> None:  # type: ignore[misc]
-        self.cfg = parse_graph_config(config)
+    async def __init__(self, prefill: Any, cfg: GraphConfig) -> None:  # type: ignore[misc]
+        self.cfg = cfg
         self.api_key = self.cfg.resolved_api_key()
         if self.cfg.is_remote:  # a clear error now, not a replica that never comes up
             import asyncio
 
             from br_serve.serve.prefill.remote import check_endpoints
 
-            await asyncio.to_thread(check_endpoints, self.cfg.decode_urls, "decode_urls",
-                                    self.cfg.remote_connect_s * 2, self.cfg.engine_api_key)
+            remote = self.cfg.remote
+            await asyncio.to_thread(check_endpoints, remote.decode_urls, "remote.decode_urls",
+                                    remote.connect_s * 2, remote.api_key)
         actors = await create_actors(self.cfg)
         cfg = self.cfg
 
@@ -305,7 +306,7 @@ class Ingress:
     async def models(self, request: Request) -> Any:
         if (denied := self._auth(request)) is not None:
             return denied
-        return {"object": "list", "data": [{"id": self.cfg.model, "object": "model",
+        return {"object": "list", "data": [{"id": self.cfg.serve.model, "object": "model",
                                             "created": 0, "owned_by": "br-serve"}]}
 
     @api.get("/v1/br/state")
@@ -337,9 +338,9 @@ class Ingress:
             req = oa.parse_request(data, chat)
         except oa.RequestError as exc:
             return _error(400, exc.message, "invalid_request_error", exc.param)
-        if req.model is not None and req.model != self.cfg.model:
+        if req.model is not None and req.model != self.cfg.serve.model:
             return _error(404, f"model: {req.model!r} does not exist; serving "
-                          f"{self.cfg.model!r}", "invalid_request_error", "model",
+                          f"{self.cfg.serve.model!r}", "invalid_request_error", "model",
                           "model_not_found")
         prompt = req.prompt_value()
         params = req.sampling()
@@ -368,7 +369,7 @@ class Ingress:
             return _error(500, last.error, "server_error")
         text = "".join(t.text for t in toks)
         use = oa.usage(toks[0].prompt_tokens, len(toks))
-        return oa.completion_body(public_id, self.cfg.model, text, last.finish_reason, use,
+        return oa.completion_body(public_id, self.cfg.serve.model, text, last.finish_reason, use,
                                   chat, filt.stop_reason)
 
     async def _sse(self, first: list[Token], gen: AsyncGenerator[list[Token], None],
@@ -377,7 +378,7 @@ class Ingress:
         """SSE events of one stream: one chunk per token (OpenAI's shape), written
         together when they arrived together (fewer writes through Serve's proxy, the
         same bytes)."""
-        model = self.cfg.model
+        model = self.cfg.serve.model
         n = 0
         batch: list[Token] | None = first
         is_first = True

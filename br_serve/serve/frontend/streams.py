@@ -82,7 +82,7 @@ class Streamer(StreamerIO):
         self.prefill = prefill
         self.lease = lease
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
-        self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool_capacity)
+        self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool.capacity)
         self._seq = 0
         self._io_init(scheduler, decode, replace, channel_host)
 

@@ -27,7 +27,7 @@ import itertools
 import logging
 import random
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from br_serve.engine.base import SamplingParams
 from br_serve.engine.remote_spec import split_url
@@ -35,6 +35,9 @@ from br_serve.serve.prefill.worker import over_context
 from br_serve.serve.wire.messages import PrefillOutput
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
+
+if TYPE_CHECKING:
+    from br_serve.serve.config import GraphConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,24 +68,25 @@ def check_endpoints(urls: tuple[str, ...], field: str, timeout_s: float,
 class RemotePrefillWorker:
     """One replica of the Prefill deployment in front of remote prefill servers."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, cfg: GraphConfig) -> None:
         from br_serve.remote.client import Timeouts
-        from br_serve.serve.config import parse_graph_config
         from br_serve.transport.factory import make_transport
         from br_serve.transport.keeper import get_keeper
 
-        self.cfg = cfg = parse_graph_config(config)
-        check_endpoints(cfg.prefill_urls, "prefill_urls", cfg.remote_connect_s * 2,
-                        cfg.engine_api_key)
-        self.protocol = cfg.engine
-        self.model = cfg.remote_model or cfg.model
-        self.lease = KVLease(make_transport("remote", api_key=cfg.engine_api_key),
-                             find_keeper=lambda: get_keeper(cfg.app_name, cfg.namespace))
-        self._timeouts = Timeouts(connect_s=cfg.remote_connect_s,
-                                  request_s=cfg.remote_first_token_s,
-                                  first_byte_s=cfg.remote_first_token_s,
-                                  stall_s=cfg.remote_stall_s,
-                                  keepalive_s=cfg.remote_keepalive_s)
+        self.cfg = cfg
+        remote = cfg.remote
+        check_endpoints(remote.prefill_urls, "remote.prefill_urls", remote.connect_s * 2,
+                        remote.api_key)
+        self.protocol = cfg.engine.name
+        self.model = remote.model or cfg.serve.model
+        self.lease = KVLease(make_transport("remote", api_key=remote.api_key),
+                             find_keeper=lambda: get_keeper(cfg.serve.app_name,
+                                                            cfg.serve.namespace))
+        self._timeouts = Timeouts(connect_s=remote.connect_s,
+                                  request_s=remote.first_token_s,
+                                  first_byte_s=remote.first_token_s,
+                                  stall_s=remote.stall_s,
+                                  keepalive_s=remote.keepalive_s)
         self._client: Any = None  # made on the serving loop
         # round robin from a random start, so that replicas do not march in step
         self._next = itertools.count(random.Random(uuid.uuid4().int).randrange(1 << 16))
@@ -95,7 +99,7 @@ class RemotePrefillWorker:
         if self._client is None:
             from br_serve.remote.client import RemoteEngineClient
 
-            self._client = RemoteEngineClient(self._timeouts, api_key=self.cfg.engine_api_key)
+            self._client = RemoteEngineClient(self._timeouts, api_key=self.cfg.remote.api_key)
         return self._client
 
     async def prefill(self, request_id: str, prompt: str | list[int],
@@ -109,7 +113,8 @@ class RemotePrefillWorker:
         if not prompt:
             return PrefillOutput(request_id, error="prompt: must not be empty",
                                  error_status=400)
-        url = self.cfg.prefill_urls[next(self._next) % len(self.cfg.prefill_urls)]
+        urls = self.cfg.remote.prefill_urls
+        url = urls[next(self._next) % len(urls)]
         try:
             if self.protocol == "vllm":
                 ticket = await self._vllm(url, request_id, prompt, params)
@@ -154,18 +159,18 @@ class RemotePrefillWorker:
 
         n = estimate_prompt_tokens(prompt)
         refused = over_context(request_id, n, params.max_tokens,
-                               self.cfg.max_context_tokens, estimated=True)
+                               self.cfg.context_limit_tokens(), estimated=True)
         if refused is not None:
             return refused
         host, port = split_url(url)
-        boot = Bootstrap(host, self.cfg.bootstrap_port or port,
+        boot = Bootstrap(host, self.cfg.remote.bootstrap_port or port,
                          new_bootstrap_room(self._rooms))
         body = completion_body(prompt, params, self.model)
         # the decode this ticket is bound to waits for the room's KV, which only this
         # call brings: the client sends it again if its connection is lost unanswered
         call = asyncio.create_task(self._http().sglang_prefill(
             url, body, boot, request_id,
-            timeout_s=self.cfg.pool_ttl_s + self.cfg.remote_first_token_s))
+            timeout_s=self.cfg.pool.ttl_s + self.cfg.remote.first_token_s))
         try:
             done, _ = await asyncio.wait({call}, timeout=_SGLANG_REFUSAL_WAIT_S)
         except asyncio.CancelledError:  # no ticket will name the room: free it now

@@ -15,12 +15,15 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from br_serve.engine.base import PrefillEngine, SamplingParams
 from br_serve.serve.wire.messages import PrefillOutput
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
+
+if TYPE_CHECKING:
+    from br_serve.serve.config import GraphConfig
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +47,17 @@ def over_context(request_id: str, prompt_tokens: int, max_tokens: int, limit: in
 class PrefillWorker:
     """One prefill replica (wrapped by ``serve.deployment`` in :mod:`br_serve.serve.graph`)."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, cfg: GraphConfig) -> None:
         from br_serve.engine.factory import make_engine
-        from br_serve.serve.config import parse_graph_config
         from br_serve.transport.factory import make_transport
         from br_serve.transport.keeper import get_keeper
 
-        self.cfg = parse_graph_config(config)
-        self.engine: PrefillEngine = make_engine(self.cfg, self.cfg.engine_timing(0),
-                                                 self.cfg.slots, self.cfg.seed)
-        self.lease = KVLease(make_transport(self.cfg.transport, self.cfg.mooncake_master),
-                             find_keeper=lambda: get_keeper(self.cfg.app_name,
-                                                            self.cfg.namespace))
+        self.cfg = cfg
+        self.engine: PrefillEngine = make_engine(cfg.engine, cfg.engine_timing(0),
+                                                 cfg.slots, cfg.seed)
+        self.lease = KVLease(make_transport(cfg.transport.name, cfg.transport.mooncake_master),
+                             find_keeper=lambda: get_keeper(cfg.serve.app_name,
+                                                            cfg.serve.namespace))
         # Engines are not thread-safe; prefill runs in a worker thread, one at a time
         # per replica (Serve spreads concurrent requests over the N replicas).
         self._lock = threading.Lock()
@@ -85,7 +87,7 @@ class PrefillWorker:
                 return PrefillOutput(request_id, error="prompt: must not be empty",
                                      error_status=400)
             refused = over_context(request_id, s, params.max_tokens,
-                                   self.cfg.max_context_tokens)
+                                   self.cfg.context_limit_tokens())
             if refused is not None:
                 return refused
             res = self.engine.prefill(request_id, prompt, params)

@@ -46,7 +46,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from br_serve.engine.base import DecodeEngine
 from br_serve.serve.replica.barrier import Barrier, BarrierError, open_store
@@ -63,6 +63,9 @@ from br_serve.serve.wire.messages import (
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
 
+if TYPE_CHECKING:
+    from br_serve.serve.config import GraphConfig
+
 log = logging.getLogger(__name__)
 
 #: An idle group steps this often at most (an admission wakes a replica at once).
@@ -72,32 +75,30 @@ _IDLE_WAIT_S = 0.05
 class DecodeReplica:
     """One decode replica ``index`` of ``replicas``; see the module docstring."""
 
-    def __init__(self, index: int, config: dict[str, Any], scheduler_name: str) -> None:
+    def __init__(self, index: int, cfg: GraphConfig, scheduler_name: str) -> None:
         from br_serve.engine.factory import collective_backend_for, make_engine
         from br_serve.engine.remote import remote_rank
-        from br_serve.serve.config import parse_graph_config
         from br_serve.transport.factory import make_transport
         from br_serve.transport.keeper import get_keeper
 
-        self.cfg = parse_graph_config(config)
+        self.cfg = cfg
         self.index = index
         self.incarnation = uuid.uuid4().hex[:12]
         self.scheduler_name = scheduler_name
         self.engine: DecodeEngine = (
-            remote_rank(self.cfg, index) if self.cfg.is_remote
-            else make_engine(self.cfg, self.cfg.engine_timing(index), self.cfg.slots,
-                             self.cfg.seed))
-        self.lease = KVLease(make_transport(self.cfg.kv_transport(), self.cfg.mooncake_master,
-                                            api_key=self.cfg.engine_api_key),
-                             find_keeper=lambda: get_keeper(self.cfg.app_name,
-                                                            self.cfg.namespace, 5.0))
+            remote_rank(cfg.remote, index) if cfg.is_remote
+            else make_engine(cfg.engine, cfg.engine_timing(index), cfg.slots, cfg.seed))
+        self.lease = KVLease(make_transport(cfg.kv_transport(), cfg.transport.mooncake_master,
+                                            api_key=cfg.remote.api_key),
+                             find_keeper=lambda: get_keeper(cfg.serve.app_name,
+                                                            cfg.serve.namespace, 5.0))
         # a remote rank's capabilities (local engines have neither): resolved once
         self._nudge: Any = getattr(self.engine, "nudge", None)
         self._take_failures: Any = getattr(self.engine, "take_failures", None)
-        self.backend = collective_backend_for(self.cfg.device)
+        self.backend = collective_backend_for(cfg.engine.device)
         #: whether rank 0's reports carry every member's step compute time (only the
         #: scheduler's online calibration reads it)
-        self._report_compute = self.cfg.policy_needs().calibrated_step_costs
+        self._report_compute = cfg.policy.needs().calibrated_step_costs
         self._lock = threading.Lock()
         self._wake_step = threading.Condition(self._lock)
         self.book = ReplicaBook(self.cfg.slots)
@@ -133,7 +134,7 @@ class DecodeReplica:
     async def open_store(self, generation: int) -> int:
         """Host the store of ``generation`` (called on the group's rank 0); returns its port."""
         store, port = await asyncio.to_thread(open_store, "127.0.0.1", generation,
-                                              self.cfg.barrier_timeout_s)
+                                              self.cfg.serve.barrier_timeout_s)
         with self._lock:
             self._store, self._store_gen = store, generation
         return port
@@ -269,7 +270,7 @@ class DecodeReplica:
         if self._scheduler is None:
             import ray
 
-            self._scheduler = ray.get_actor(self.scheduler_name, namespace=self.cfg.namespace)
+            self._scheduler = ray.get_actor(self.scheduler_name, namespace=self.cfg.serve.namespace)
         return self._scheduler
 
     def _tell_scheduler(self, method: str, *args: Any) -> bool:
@@ -306,7 +307,7 @@ class DecodeReplica:
         ok = True
         try:
             barrier = Barrier(self.backend, "127.0.0.1", port, rank, members, gen,
-                              self.cfg.barrier_timeout_s, store=store)
+                              self.cfg.serve.barrier_timeout_s, store=store)
             with self._lock:
                 self._barrier, self._generation = barrier, gen
         except BarrierError as exc:

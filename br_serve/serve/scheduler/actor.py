@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from br_serve.core import PolicyBase, PolicyContext, policy_class
+from br_serve.core.calibration import StepCalibrator
 from br_serve.core.predictor import TerminationPredictor
-from br_serve.serve.config import GraphConfig, parse_graph_config
-from br_serve.serve.scheduler.core import SchedulerCore, SubmitStatus, make_calibrator
+from br_serve.serve.config import GraphConfig
+from br_serve.serve.scheduler.core import SchedulerCore, SubmitStatus
 from br_serve.serve.scheduler.io import SchedulerIO
 from br_serve.serve.wire.messages import Admission, ReplicaReport
 
@@ -43,18 +44,11 @@ COEF_EXPORT_S = 1.0
 
 def build_policy(cfg: GraphConfig) -> tuple[PolicyBase[Any], TerminationPredictor | None,
                                            bool]:
-    """The policy of ``cfg``, its predictor (if it needs one) and whether it needs the
-    per-request rows of the running requests."""
-    cls = policy_class(cfg.policy)
-    horizon = cfg.predictor_horizon()
-    predictor: TerminationPredictor | None = None
-    if cfg.predictor is not None and horizon is not None:
-        from predictors import make_predictor
-
-        predictor = make_predictor(cfg.predictor, horizon=horizon,
-                                   model_path=cfg.predictor_model_path, seed=cfg.seed,
-                                   **cfg.predictor_options)
-    policy = cls(cfg.policy_options_obj(), PolicyContext(
+    """The policy of ``cfg``, its predictor (if it needs one: built here, the one process
+    that uses it) and whether it needs the per-request rows of the running requests."""
+    cls = policy_class(cfg.policy.name)
+    predictor = cfg.build_predictor()
+    policy = cls(cfg.policy.parsed(), PolicyContext(
         rng=np.random.default_rng(cfg.seed), predictor=predictor))
     return policy, predictor, cls.needs_for(policy.options).running_detail
 
@@ -62,18 +56,17 @@ def build_policy(cfg: GraphConfig) -> tuple[PolicyBase[Any], TerminationPredicto
 class Scheduler(SchedulerIO):
     """See the module docstring. Every RPC runs on the actor's event loop."""
 
-    def __init__(self, config: dict[str, Any], decode_names: list[str]) -> None:
-        cfg = parse_graph_config(config)
+    def __init__(self, cfg: GraphConfig, decode_names: list[str]) -> None:
         policy, predictor, detail = build_policy(cfg)
-        a, b, c = (np.asarray(x) * cfg.time_scale for x in cfg.coefficients(cfg.replicas))
+        model = cfg.router_step_model()
         # calibrated on the measured (scaled) step times; the configured model is its prior
-        calib = (make_calibrator(cfg.replicas, (a, b, c))
-                 if cfg.policy_needs().calibrated_step_costs else None)
+        calib = (StepCalibrator(cfg.replicas, model)
+                 if cfg.policy.needs().calibrated_step_costs else None)
         # the step counters price steps as the (emulated) engines run them
-        true = tuple(np.asarray(x) * cfg.time_scale for x in cfg.emulated_coefficients())
-        core = SchedulerCore(cfg.replicas, cfg.slots, cfg.pool_capacity, (a, b, c), policy,
+        core = SchedulerCore(cfg.replicas, cfg.slots, cfg.pool.capacity, model, policy,
                              detail, predictor, calibrator=calib,
-                             price_model=(true[0], true[1], true[2]))
+                             price_model=cfg.emulated_step_model(scaled=True),
+                             kv_limit_tokens=cfg.kv_limit_tokens)
         self._io_init(cfg, decode_names, core)
         self._coef_exported = -float("inf")
 
@@ -144,7 +137,7 @@ class Scheduler(SchedulerIO):
         await self._ensure_ready()
         try:
             self.decode[replica] = ray.get_actor(self.decode_names[replica],
-                                                 namespace=self.cfg.namespace)
+                                                 namespace=self.cfg.serve.namespace)
         except ValueError:
             return False
         if await self._ping(replica, PING_S_REPLACED) is None:
@@ -175,7 +168,7 @@ class Scheduler(SchedulerIO):
     async def state(self) -> dict[str, Any]:
         """Per-replica load/running/free slots, pool size, recent imbalance, policy."""
         await self._ensure_ready()
-        return {"policy": self.cfg.policy, "predictor": self.cfg.predictor,
+        return {"policy": self.cfg.policy.name, "predictor": self.cfg.predictor.name,
                 "incarnation": self.incarnation, **self.core.state()}
 
     async def stats(self) -> dict[str, Any]:

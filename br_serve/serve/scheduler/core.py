@@ -35,6 +35,7 @@ import numpy.typing as npt
 from br_serve.core import FinishedRequests, PolicyBase, PoolFullError, PoolRequest, PromptPool
 from br_serve.core.calibration import Coefficients, StepCalibrator, with_coefficients
 from br_serve.core.predictor import TerminationPredictor
+from br_serve.core.step import StepModel
 from br_serve.serve.scheduler.membership import Membership
 from br_serve.serve.scheduler.mirror import Mirror
 from br_serve.serve.scheduler.stepstats import StepStats
@@ -65,27 +66,27 @@ class ReportOutcome:
 
 
 class SchedulerCore:
-    """See the module docstring. ``step_model`` is ``(a, b, c)`` (seconds per token, per
-    step, per request; scalars or one per replica) with which the step counters price
-    each measured step; ``clock`` gives seconds (enqueue stamps, ``now_s``).
-    ``calibrator``: fit every replica's step coefficients from the measured steps and
-    give the policy the fit instead of ``step_model`` (see :func:`make_calibrator`).
+    """See the module docstring. ``step_model``: the configured step model (the policy's
+    view, and what the step counters price each measured step with); ``clock`` gives
+    seconds (enqueue stamps, ``now_s``). ``kv_limit_tokens``: KV tokens per replica
+    (None: unbounded). ``calibrator``: fit every replica's step coefficients from the
+    measured steps and give the policy the fit instead of ``step_model`` (a
+    :class:`StepCalibrator` whose prior is ``step_model``).
     ``price_model``: what the step counters price measured steps with, when the engines
     run another model than the configured one (emulated heterogeneity); default
     ``step_model``."""
 
     def __init__(self, replicas: int, slots: int, pool_capacity: int,
-                 step_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike],
-                 policy: PolicyBase[Any], detail: bool,
+                 step_model: StepModel, policy: PolicyBase[Any], detail: bool,
                  predictor: TerminationPredictor | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  calibrator: StepCalibrator | None = None,
-                 price_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike] | None = None
-                 ) -> None:
+                 price_model: StepModel | None = None,
+                 kv_limit_tokens: int | None = None) -> None:
         self.g = replicas
         self.pool = PromptPool(pool_capacity)
         self.admissions: dict[str, Admission] = {}
-        self.mirror = Mirror(replicas, slots, step_model)
+        self.mirror = Mirror(replicas, slots, step_model, kv_limit_tokens)
         for g in range(replicas):  # alive once a ping says so
             self.mirror.state.set_alive(g, False)
         self.members = Membership(replicas)
@@ -96,9 +97,7 @@ class SchedulerCore:
         if calibrator is not None and calibrator.g != replicas:
             raise ValueError(f"calibrator: fits {calibrator.g} replicas, not {replicas}")
         self.calibrator = calibrator
-        pa, pb, pc = step_model if price_model is None else price_model
-        self._price = tuple(np.broadcast_to(np.asarray(x, dtype=np.float64), (replicas,))
-                            for x in (pa, pb, pc))
+        self._price = (step_model if price_model is None else price_model).arrays(replicas)
         self._coef: Coefficients | None = None  # the fit, until the next measured step
         self.ticks = 0
         #: when the last tick asked to be run again (``TickResult.retick_s``, the
@@ -288,11 +287,3 @@ class SchedulerCore:
                           "free_slots": int(free[g]), "step": step(g)}
                          for g in range(self.g)],
         }
-
-
-def make_calibrator(replicas: int, step_model: tuple[npt.ArrayLike, npt.ArrayLike,
-                                                     npt.ArrayLike]) -> StepCalibrator:
-    """A calibrator whose prior is the configured step model ``(a, b, c)`` (what the
-    fit starts from and relaxes to where the measured steps say nothing)."""
-    a, b, c = step_model
-    return StepCalibrator(replicas, prior_a=a, prior_c=c, prior_b=b)

@@ -202,7 +202,7 @@ class SchedulerIO:
             for g, name in enumerate(self.decode_names):
                 if out[g] is None:
                     with contextlib.suppress(ValueError):  # not registered (yet)
-                        out[g] = ray.get_actor(name, namespace=self.cfg.namespace)
+                        out[g] = ray.get_actor(name, namespace=self.cfg.serve.namespace)
             if all(h is not None for h in out) or time.monotonic() > deadline:
                 return out
             await asyncio.sleep(0.1)

@@ -26,11 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from br_serve.core import Assignment, ClusterSnapshot, PoolRequest
 from br_serve.core.pool import PoolTicket
 from br_serve.core.state import ClusterState
+from br_serve.core.step import StepModel
 from br_serve.serve.wire.messages import AdmitReply, ReplicaReport
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,13 @@ class FinishedRow:
 
 
 class Mirror:
-    """``replicas`` replicas of ``slots`` slots; ``step_model`` is ``(a, b, c)``."""
+    """``replicas`` replicas of ``slots`` slots and ``kv_limit_tokens`` KV tokens (None:
+    unbounded), stepping as ``step_model``."""
 
-    def __init__(self, replicas: int, slots: int,
-                 step_model: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]) -> None:
+    def __init__(self, replicas: int, slots: int, step_model: StepModel,
+                 kv_limit_tokens: int | None = None) -> None:
         self.g = replicas
-        self.state = ClusterState(replicas, slots, None, *step_model)
+        self.state = ClusterState(replicas, slots, kv_limit_tokens, step_model)
         self.inflight: list[dict[str, InFlight]] = [{} for _ in range(replicas)]
         self.incarnation: list[str] = [""] * replicas
         # what the policy knows of a running request beyond its row (arrival, prefix
