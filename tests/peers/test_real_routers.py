@@ -72,7 +72,7 @@ def _run(arm: Arm, tmp_path: Path, dp_aware: bool = True) -> dict[str, Any]:
         except Exception:
             print(log.read_text(errors="replace")[-4000:])
             raise
-        stats = httpx.get(f"{d.url}/emulator/stats").json()
+        stats: dict[str, Any] = httpx.get(f"{d.url}/emulator/stats").json()
         pstats = httpx.get(f"{p.url}/emulator/stats").json()
     for got, want in results:
         assert got == want  # exact: no token lost, duplicated or wrong
