@@ -19,7 +19,7 @@ COMMAND_MODULES = (
     "br_serve.sim.capacity_cli",  # capacity
     "predictors.cli",  # train-predictor, eval-predictor
     "br_serve.serve.cli",  # serve / demo
-    "br_serve.bench.cli",  # bench-serve / bench-kv
+    "br_serve.bench.cli",  # bench-serve / bench-kv / bench-control-plane / bench-peers
     "br_serve.emulator.cli",  # emulate-engine
     "br_serve.config.reference",  # config-reference
 )

@@ -148,9 +148,10 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="results/serve_bench.json")
     p.set_defaults(func=cmd_bench)
     _register_kv(sub)
-    from br_serve.bench import control_plane
+    from br_serve.bench import control_plane, peers_cli
 
     control_plane.register(sub)
+    peers_cli.register(sub)
 
 
 def _register_kv(subparsers: Any) -> None:

@@ -79,20 +79,30 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], wait_s: float) -> Non
 def emulated_engines(cfg: GraphConfig, protocol: str,
                      wait_s: float = 60.0) -> Iterator[tuple[GraphConfig, str]]:
     """``(graph config routing the emulators, decode base URL)``; see the module."""
+    with engine_processes(cfg, protocol, wait_s) as (purl, durl):
+        remote = parse_graph_config(cfg, engine=protocol, remote_prefill_urls=purl,
+                                    remote_decode_urls=durl, remote_dp_size=cfg.replicas,
+                                    remote_model=REMOTE_MODEL)
+        yield remote, durl
+
+
+@contextlib.contextmanager
+def engine_processes(cfg: GraphConfig, protocol: str, wait_s: float = 60.0,
+                     extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """A fresh prefill and decode emulator of ``cfg``'s step model (subprocesses, healthy
+    before it yields): ``(prefill base URL, decode base URL)``; both stopped on exit.
+    ``extra_args`` go to both command lines."""
     pport, dport = _free_port(), _free_port()
     procs: list[subprocess.Popen[bytes]] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         for cmd in emulator_commands(cfg, protocol, pport, dport):
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                          start_new_session=True))
+            procs.append(subprocess.Popen([*cmd, *extra_args], env=env,
+                                          stdout=subprocess.DEVNULL, start_new_session=True))
         purl, durl = f"http://127.0.0.1:{pport}", f"http://127.0.0.1:{dport}"
         _wait_healthy(purl, procs[0], wait_s)
         _wait_healthy(durl, procs[1], wait_s)
-        remote = parse_graph_config(cfg, engine=protocol, remote_prefill_urls=purl,
-                                    remote_decode_urls=durl, remote_dp_size=cfg.replicas,
-                                    remote_model=REMOTE_MODEL)
-        yield remote, durl
+        yield purl, durl
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -102,6 +112,16 @@ def emulated_engines(cfg: GraphConfig, protocol: str,
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def engine_steps(decode_url: str, since: int = 0) -> dict[str, Any]:
+    """The decode emulator's step log from step ``since`` on (``GET /emulator/steps``)."""
+    import httpx
+
+    r = httpx.get(f"{decode_url}/emulator/steps", params={"since": since}, timeout=30)
+    r.raise_for_status()
+    out: dict[str, Any] = r.json()
+    return out
 
 
 def engine_counters(decode_url: str) -> dict[str, float]:

@@ -51,12 +51,15 @@ class _Req:
     error: str | None = None
 
 
-async def _one(client: Any, r: _Req, t0: float) -> None:
+async def _one(client: Any, r: _Req, t0: float, model: str = MODEL) -> None:
     delay = t0 + r.arrival_s - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
     r.sent_s = time.perf_counter() - t0
-    payload = {"model": MODEL, "prompt": " ".join(["w"] * r.prompt_tokens),
+    # a distinct first word: no two prompts share a prefix (prefix-aware routers would
+    # otherwise see one endless shared prefix); the word count is the prompt length
+    words = [f"r{r.seed}"] + ["w"] * (r.prompt_tokens - 1)
+    payload = {"model": model, "prompt": " ".join(words),
                "max_tokens": r.max_tokens, "seed": r.seed, "stream": True}
     expected = [token_text(token_id(r.seed, r.prompt_tokens + i))
                 for i in range(r.max_tokens)]
@@ -91,14 +94,17 @@ async def _one(client: Any, r: _Req, t0: float) -> None:
         len(got) - len(expected))
 
 
-async def _replay(port: int, reqs: list[_Req], timeout_s: float) -> float:
+async def _replay(port: int, reqs: list[_Req], timeout_s: float, model: str = MODEL
+                  ) -> float:
+    """Send every request at its arrival time (streaming) to 127.0.0.1:``port``; the
+    wall seconds from the first send to the last answer."""
     import httpx
 
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s,
                                  limits=limits) as client:
         t0 = time.perf_counter()
-        await asyncio.gather(*(_one(client, r, t0) for r in reqs))
+        await asyncio.gather(*(_one(client, r, t0, model) for r in reqs))
         return time.perf_counter() - t0
 
 

@@ -5,7 +5,10 @@ for a decode role, one KV broker for a prefill role, counters); every HTTP port 
 process (one, or one per rank) is a FastAPI app built over the same instance.
 
 Endpoints every app serves: ``GET /health``, ``GET /v1/models``, ``GET
-/emulator/stats`` (per-rank counters, KV releases, the emulator's CPU time),
+/emulator/stats`` (per-rank counters, KV releases, the emulator's CPU time, ignored
+request fields by name, the barrier summary), ``GET /emulator/barrier`` (the summary of
+what the lock-step barrier did) and ``GET /emulator/steps?since=N&limit=M`` (one row per
+step: :mod:`br_serve.emulator.steplog`),
 ``POST /emulator/fault`` (with ``--enable-fault-injection``), and on a prefill role the
 twin endpoints ``POST /emulator/kv/pull`` / ``POST /emulator/kv/release`` a decode
 emulator calls (the stand-in for the connector's side channel / bootstrap server).
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,6 +41,7 @@ from br_serve.emulator.openai import (
     ChunkWriter,
     ParsedRequest,
     completion_body,
+    parse_request,
 )
 from br_serve.emulator.runtime import (
     DROPPED,
@@ -46,8 +51,10 @@ from br_serve.emulator.runtime import (
     now_s,
     process_cpu_s,
 )
+from br_serve.emulator.steplog import COLUMNS
 
 T = TypeVar("T")
+log = logging.getLogger("br_serve.emulator")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,10 @@ class Spec:
     error_body: Callable[[ApiError], dict[str, Any]]
     stream_error: Callable[[ApiError], bytes]
     choice_extra: Mapping[str, Any]
+    #: prefill side of the twin: complete the fields a decode presented before the
+    #: ledger compares them (SGLang: the prefill DP rank the decode did not name)
+    pull_defaults: Callable[[EmulatorConfig, str, dict[str, Any]], dict[str, Any]] = (
+        lambda _cfg, _key, presented: presented)
 
 
 class RankDropped(Exception):
@@ -101,6 +112,21 @@ class Emulator:
         await self.broker.stop()
         if self._client is not None:
             await self._client.aclose()
+
+    def parse(self, body: Any, chat: bool, extra_fields: frozenset[str],
+              check_model: bool) -> ParsedRequest:
+        """:func:`parse_request` under this server's strictness; an unknown field that is
+        accepted is logged at debug level (as recent vLLM does) and counted by name."""
+        cfg = self.config
+        req = parse_request(body, chat, extra_fields, cfg.strict_fields, cfg.model,
+                            check_model)
+        if req.ignored_fields:
+            log.debug("The following fields were present in the request but ignored: %s",
+                      set(req.ignored_fields))
+            seen = self.counters.ignored_fields
+            for name in req.ignored_fields:
+                seen[name] = seen.get(name, 0) + 1
+        return req
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{self.config.engine_id}-{next(self._ids)}"
@@ -232,6 +258,8 @@ class Emulator:
                 "ports": cfg.ports(), "engine_id": cfg.engine_id, "steps": core.steps,
                 "step_cpu_s": self.driver.step_cpu_s, "overrun_s": self.driver.overrun_s,
                 "process_cpu_s": process_cpu_s(), "refused": dict(self.counters.refused),
+                "ignored_fields": dict(self.counters.ignored_fields),
+                "barrier": self.driver.log.summary(),
                 "kv": self.broker.ledger.snapshot(), "ranks": ranks}
 
 
@@ -335,11 +363,25 @@ def build_base_app(emu: Emulator, rank: int | None) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": cfg.model, "object": "model",
-                                            "owned_by": cfg.protocol, "root": cfg.model}]}
+                                            "owned_by": cfg.protocol, "root": cfg.model,
+                                            "max_model_len": cfg.kv_limit_tokens}]}
 
     @app.get("/emulator/stats")
     async def stats() -> dict[str, Any]:
         return emu.stats()
+
+    @app.get("/emulator/barrier")
+    async def barrier() -> dict[str, Any]:
+        return emu.driver.log.summary()
+
+    @app.get("/emulator/steps")
+    async def steps(since: int = 0, limit: int | None = None) -> dict[str, Any]:
+        if since < 0 or (limit is not None and limit < 1):
+            raise ApiError(400, "since: must be >= 0 and limit >= 1", "since")
+        steplog = emu.driver.log
+        return {"dp_size": cfg.dp_size, "steps": steplog.steps, "columns": list(COLUMNS),
+                "step_model": {"a_s_per_token": list(steplog.a), "b_s": list(steplog.b)},
+                "rows": steplog.rows(since, limit)}
 
     if cfg.enable_fault_injection:
         @app.post("/emulator/fault")
@@ -368,7 +410,8 @@ def build_base_app(emu: Emulator, rank: int | None) -> FastAPI:
         @app.post("/emulator/kv/pull")
         async def kv_pull(request: Request) -> JSONResponse:
             body = await json_body(request)
-            key, presented = str(body.get("key")), body.get("presented") or {}
+            key, presented = str(body.get("key")), dict(body.get("presented") or {})
+            presented = spec.pull_defaults(cfg, key, presented)
             wait_s = min(float(body.get("wait_s") or 0.0), 3600.0)
             try:
                 hold = await emu.broker.pull(key, presented, wait_s)

@@ -62,9 +62,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--twin-timeout-s", type=float, default=5.0)
     p.add_argument("--api-key", default=os.environ.get("BR_EMULATOR_API_KEY"),
                    help="require this bearer key (default $BR_EMULATOR_API_KEY)")
-    p.add_argument("--allow-unknown-fields", action="store_true",
-                   help="ignore request fields the emulator does not model (as the real "
-                        "engines do) instead of refusing them")
+    fields = p.add_mutually_exclusive_group()
+    fields.add_argument("--strict-fields", action="store_true",
+                        help="refuse (400, naming it) a request field the emulator does "
+                             "not model; default: accept, log at debug level and count it "
+                             "in /emulator/stats, as vLLM and SGLang do")
+    fields.add_argument("--allow-unknown-fields", action="store_true",
+                        help="accept unknown request fields (the default; kept so older "
+                             "command lines still run)")
     p.add_argument("--enable-fault-injection", action="store_true",
                    help="serve POST /emulator/fault to drop or stall a rank")
     p.add_argument("--engine-id", default=None)
@@ -87,7 +92,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         prefill_p1_s_per_token=args.prefill_p1_s_per_token,
         kv_ttl_s=args.kv_ttl_s, bootstrap_wait_s=args.bootstrap_wait_s,
         twin_timeout_s=args.twin_timeout_s, api_key=args.api_key,
-        strict_fields=not args.allow_unknown_fields,
+        strict_fields=args.strict_fields,
         enable_fault_injection=args.enable_fault_injection, engine_id=args.engine_id,
         block_size=args.block_size)
 

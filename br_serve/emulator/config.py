@@ -49,7 +49,11 @@ class EmulatorConfig:
         twin_timeout_s: HTTP timeout of one call from a decode to its prefill twin.
         api_key: if set, ``/v1/*`` and ``/emulator/*`` need ``Authorization: Bearer``.
         strict_fields: refuse request fields the emulator does not model (400 naming
-            the field); the real engines accept and ignore unknown fields.
+            the field). Off by default, as the real engines: vLLM accepts an unknown
+            field and logs it (at debug level in recent releases), SGLang's request
+            models ignore it; the emulator logs it at debug level and counts it by name
+            in ``/emulator/stats`` (``ignored_fields``). The project's own tests turn it
+            on so that a field the router sends by mistake fails loudly.
         enable_fault_injection: serve ``POST /emulator/fault`` (drop / stall a rank).
         engine_id: the KV connector's engine id (default derived from role and port).
         block_size: KV block size in tokens (for ``remote_block_ids``).
@@ -75,7 +79,7 @@ class EmulatorConfig:
     bootstrap_wait_s: float | None = None
     twin_timeout_s: float = 5.0
     api_key: str | None = None
-    strict_fields: bool = True
+    strict_fields: bool = False
     enable_fault_injection: bool = False
     engine_id: str | None = None
     block_size: int = 128

@@ -228,6 +228,10 @@ class LockstepCore:
     def waiting_count(self, rank: int) -> int:
         return len(self._waiting[rank])
 
+    def running_load_tokens(self, rank: int) -> int:
+        """Tokens held by ``rank``'s running requests (the step model's load)."""
+        return self._load[rank]
+
     def load_tokens(self, rank: int) -> int:
         """Tokens held by ``rank``'s running and waiting requests (its KV in use)."""
         waiting = sum(r.prompt_tokens + r.emitted for r in self._waiting[rank])

@@ -1,8 +1,9 @@
 """OpenAI-compatible request parsing and response shapes shared by both protocols.
 
-Parsing is strict where the emulator cannot model a field: a field it does not know,
-or a known field with a value it cannot honour (``n > 1``, ``logprobs``, ``echo``, a
-non-empty ``stop``), is refused by name with :class:`ApiError` (HTTP 400). Sampling
+A known field with a value the emulator cannot honour (``n > 1``, ``logprobs``,
+``echo``, a non-empty ``stop``) is refused by name with :class:`ApiError` (HTTP 400).
+A field it does not know is accepted and reported in ``ParsedRequest.ignored_fields``
+(the engines accept and ignore unknown fields), or, with ``strict``, refused by name. Sampling
 fields that only shape real sampling (``temperature``, ``top_p``, ...) are accepted and
 have no effect: the emulator's tokens are a pure function of the seed and the prompt.
 
@@ -60,6 +61,8 @@ class ParsedRequest:
     include_usage: bool
     continuous_usage: bool
     model: str
+    #: request fields neither OpenAI's nor the protocol's, accepted and ignored
+    ignored_fields: tuple[str, ...] = ()
 
 
 def parse_request(body: Any, chat: bool, extra_fields: frozenset[str], strict: bool,
@@ -74,12 +77,11 @@ def parse_request(body: Any, chat: bool, extra_fields: frozenset[str], strict: b
     if not isinstance(body, dict):
         raise ApiError(400, "request body: must be a JSON object")
     allowed = (_CHAT if chat else _COMPLETION) | extra_fields
-    if strict:
-        for key in body:
-            if key not in allowed:
-                raise ApiError(400, f"{key}: field not supported by the engine emulator "
-                                    "(start it with --allow-unknown-fields to ignore it)",
-                               param=key)
+    ignored = tuple(sorted(k for k in body if k not in allowed))
+    if strict and ignored:
+        raise ApiError(400, f"{ignored[0]}: field not supported by the engine emulator "
+                            "(it runs with --strict-fields; without it the field is "
+                            "ignored, as the engines do)", param=ignored[0])
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "model: must be a string", "model")
@@ -112,7 +114,7 @@ def parse_request(body: Any, chat: bool, extra_fields: frozenset[str], strict: b
         raise ApiError(400, f"min_tokens: must be an integer in [0, max_tokens={max_tokens}]",
                        "min_tokens")
     return ParsedRequest(chat, prompt_tokens, max_tokens, int(seed), stream, include_usage,
-                         continuous, model or served_model)
+                         continuous, model or served_model, ignored)
 
 
 def _completion_prompt(prompt: Any) -> tuple[int, str]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from br_serve.emulator.core import LockstepCore, TokenEvent
 from br_serve.emulator.ledger import Hold, KVLedger, KVRefused, ReleaseReason
+from br_serve.emulator.steplog import StepLog
 
 #: Put on a request's queue when its rank was dropped (fault injection).
 DROPPED = None
@@ -32,6 +33,8 @@ class StepDriver:
     def __init__(self, core: LockstepCore, idle_poll_s: float = 0.005,
                  late_tolerance_s: float = 0.002) -> None:
         self.core = core
+        #: every applied step (see :mod:`br_serve.emulator.steplog`)
+        self.log = StepLog(core.model.a_s_per_token, core.model.b_s)
         self._late_tolerance_s = late_tolerance_s
         self.step_cpu_s = 0.0
         self.overrun_s = 0.0
@@ -98,6 +101,10 @@ class StepDriver:
                 target += late
             t0 = time.perf_counter()
             events = self.core.apply(plan)
+            core = self.core
+            self.log.record(time.time(), plan.duration_s, max(late, 0.0), plan.loads,
+                            [len(ids) for ids in plan.running],
+                            [core.waiting_count(g) for g in range(core.dp_size)])
             queues = self._queues
             for ev in events:
                 q = queues.get(ev.request_id)
@@ -187,6 +194,8 @@ class Counters:
 
     def __init__(self, dp_size: int) -> None:
         self.refused: dict[str, int] = {}
+        #: request fields accepted and ignored (not modelled), by name
+        self.ignored_fields: dict[str, int] = {}
         self.kv_pulls = [0] * dp_size
         self.prefills = [0] * dp_size
         self.prefill_ids: list[list[str]] = [[] for _ in range(dp_size)]

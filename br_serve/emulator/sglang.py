@@ -4,10 +4,15 @@ Follows docs/engine-contracts.md ("SGLang"):
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` with the PD fields
   ``bootstrap_host``, ``bootstrap_port``, ``bootstrap_room`` (an integer in
-  ``[0, 2**63)`` the router picks) and ``routed_dp_rank`` (deprecated alias
-  ``data_parallel_rank``; the ``X-Data-Parallel-Rank`` header wins over both; none:
-  round robin). Errors are flat: ``{"object": "error", "message", "type", "param",
-  "code"}``; in a stream ``data: {"error": {...}}`` then ``data: [DONE]``.
+  ``[0, 2**63)`` the router picks), ``routed_dp_rank`` (deprecated alias
+  ``data_parallel_rank``; the ``X-Data-Parallel-Rank`` header wins over both; none: the
+  DP controller's default, ``follow_bootstrap_room`` (``room % dp_size``) on a prefill
+  server and round robin on a decode server) and, on a decode, ``disagg_prefill_dp_rank``
+  (the prefill rank holding the KV; none: ``room % prefill dp_size``, which the prefill
+  side fills in as SGLang's bootstrap server does). A decode naming a rank other than
+  the one holding the room is refused (400). Other fields are accepted and ignored
+  (``--strict-fields`` refuses them). Errors are flat: ``{"object": "error", "message",
+  "type", "param", "code"}``; in a stream ``data: {"error": {...}}`` then ``data: [DONE]``.
 - The router sends the same request to the prefill and the decode server at once.
   Prefill role: computes the prompt, opens the room and holds its KV; its HTTP answer
   (one token) comes only when the room's KV was pulled. An abort
@@ -18,8 +23,13 @@ Follows docs/engine-contracts.md ("SGLang"):
   refuses (400) a room the prefill never opened, then decodes all ``max_tokens``
   tokens in lock-step (token 0 equals the prefill's token).
 - ``GET /v1/loads``: per-rank ``num_running_reqs``, ``num_waiting_reqs``,
-  ``num_used_tokens``, ``token_usage``, ... (``dp_rank`` / ``include`` / ``format``
-  query parameters).
+  ``num_used_tokens``, ``max_total_num_tokens``, ``token_usage``, ``gen_throughput``
+  (tokens/s over the rank's last 40 steps), ... (``dp_rank`` / ``include`` / ``format``
+  query parameters), in the shape smg parses (integers where it reads ``i32``).
+- ``GET /server_info`` and ``/get_server_info`` (``dp_size``, ``model_path``,
+  ``served_model_name``, ``disaggregation_mode``, ``max_running_requests``, ... : what
+  sglang-router / smg's ``--dp-aware`` worker workflow reads), ``GET /model_info`` and
+  ``/get_model_info``.
 """
 
 from __future__ import annotations
@@ -48,13 +58,12 @@ from br_serve.emulator.openai import (
     ChunkWriter,
     ParsedRequest,
     completion_body,
-    parse_request,
     sse_json,
 )
 
 RANK_HEADER = "X-Data-Parallel-Rank"
 _EXTRA = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room", "routed_dp_rank",
-                    "data_parallel_rank", "rid"})
+                    "data_parallel_rank", "disagg_prefill_dp_rank", "rid"})
 _SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 VERSION = "emulated"
 
@@ -68,7 +77,15 @@ def stream_error(exc: ApiError) -> bytes:
     return sse_json({"error": error_body(exc)}) + DONE
 
 
-SPEC = Spec("sglang", error_body, stream_error, {"matched_stop": None})
+def _pull_defaults(cfg: EmulatorConfig, key: str, presented: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """A decode that did not name the prefill rank looks for ``room % dp_size``."""
+    if presented.get("prefill_dp_rank") is None and key.isdigit():
+        presented["prefill_dp_rank"] = int(key) % cfg.dp_size
+    return presented
+
+
+SPEC = Spec("sglang", error_body, stream_error, {"matched_stop": None}, _pull_defaults)
 
 
 def make_emulator(config: EmulatorConfig) -> Emulator:
@@ -88,7 +105,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
     app = build_base_app(emu, rank)
     cfg = emu.config
 
-    def pinned_rank(request: Request, body: dict[str, Any]) -> int:
+    def pinned_rank(request: Request, body: dict[str, Any], room: int) -> int:
         raw = request.headers.get(RANK_HEADER)
         if raw is not None:
             try:
@@ -101,7 +118,9 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
             if g is None:
                 g = body.get("data_parallel_rank")
         if g is None:
-            return emu.round_robin_rank()
+            # SGLang's DP controller: follow_bootstrap_room on a prefill, round robin on
+            # a decode
+            return room % cfg.dp_size if cfg.role == "prefill" else emu.round_robin_rank()
         if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < cfg.dp_size:
             raise ApiError(400, f"routed_dp_rank={g!r} out of range [0, {cfg.dp_size})",
                            "routed_dp_rank")
@@ -121,16 +140,16 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
 
     async def prefill(request: Request, body: dict[str, Any], chat: bool) -> Response:
         _, _, room = bootstrap(body)
-        req = parse_request(body, chat, _EXTRA, cfg.strict_fields, cfg.model, False)
-        g = pinned_rank(request, body)
+        req = emu.parse(body, chat, _EXTRA, False)
+        g = pinned_rank(request, body, room)
         emu.check_rank_alive(g)
         rid = str(body.get("rid") or emu.new_id("cmpl"))
         key = str(room)
         if emu.broker.ledger.holds(key) or emu.broker.ledger.released_reason(key):
             raise ApiError(400, f"bootstrap_room: {room} is already in use", "bootstrap_room")
         await emu.run_prefill(request, g, req.prompt_tokens)
-        emu.broker.issue(key, {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens},
-                         req.prompt_tokens, g)
+        emu.broker.issue(key, {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens,
+                               "prefill_dp_rank": g}, req.prompt_tokens, g)
         emu.counters.internal_id[rid] = key
         emu.counters.prefills[g] += 1
         emu.counters.prefill_ids[g].append(rid)
@@ -150,11 +169,12 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
 
     async def decode(request: Request, body: dict[str, Any], chat: bool) -> Response:
         host, port, room = bootstrap(body)
-        req: ParsedRequest = parse_request(body, chat, _EXTRA, cfg.strict_fields, cfg.model,
-                                           False)
-        g = pinned_rank(request, body)
+        req: ParsedRequest = emu.parse(body, chat, _EXTRA, False)
+        g = pinned_rank(request, body, room)
         emu.check_rank_alive(g)
-        presented = {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens}
+        src = _int_field(body, "disagg_prefill_dp_rank", 0, 2**31)
+        presented = {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens,
+                     "prefill_dp_rank": src}
         await emu.pull_from_twin(host, port, str(room), presented, cfg.wait_s)
         emu.counters.kv_pulls[g] += 1
         emu.counters.prompt_tokens[g] += req.prompt_tokens
@@ -177,6 +197,19 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         else:
             emu.driver.cancel(key)
         return Response(status_code=200)
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        return server_info_body(emu)
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info() -> dict[str, Any]:
+        return {"model_path": cfg.model, "tokenizer_path": cfg.model, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": False, "has_audio_understanding": False,
+                "model_type": "emulated", "architectures": ["EmulatedForCausalLM"]}
 
     @app.get("/v1/loads")
     async def loads(dp_rank: int | None = None, include: str | None = None,
@@ -204,21 +237,48 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
     return app
 
 
+def server_info_body(emu: Emulator) -> dict[str, Any]:
+    """The part of SGLang's ``/server_info`` (its server arguments, the scheduler's info
+    and the version) that routers read."""
+    cfg = emu.config
+    return {
+        "model_path": cfg.model, "served_model_name": cfg.model, "tokenizer_path": cfg.model,
+        "tp_size": 1, "dp_size": cfg.dp_size, "pp_size": 1,
+        "enable_dp_attention": cfg.dp_size > 1,
+        "load_balance_method": ("follow_bootstrap_room" if cfg.role == "prefill"
+                                else "round_robin"),
+        "disaggregation_mode": cfg.role,
+        "disaggregation_bootstrap_port": cfg.bootstrap_port or cfg.port,
+        # the server argument is the total over DP-attention ranks (each scheduler runs
+        # max_running_requests // dp_size); /v1/loads reports the per-rank figure
+        "max_running_requests": cfg.slots * cfg.dp_size,
+        "max_total_num_tokens": cfg.kv_limit_tokens,
+        "context_length": cfg.kv_limit_tokens, "is_embedding": False,
+        "host": cfg.host, "port": cfg.port, "version": VERSION,
+        "internal_states": [{"dp_rank": g, "max_running_requests": cfg.slots,
+                             "max_total_num_tokens": cfg.kv_limit_tokens}
+                            for g in range(cfg.dp_size)],
+    }
+
+
 def load_row(emu: Emulator, g: int) -> dict[str, Any]:
     cfg, core = emu.config, emu.core
     if cfg.role == "decode":
         running, waiting, used = core.running_count(g), core.waiting_count(g), \
             core.load_tokens(g)
+        queued_tokens = used - core.running_load_tokens(g)
+        throughput = emu.driver.log.gen_throughput(g)
     else:
         running, waiting = emu.counters.inflight_prefills[g], 0
-        used = emu.broker.ledger.held_tokens(g)
+        used, queued_tokens, throughput = emu.broker.ledger.held_tokens(g), 0, 0.0
     usage = used / cfg.kv_limit_tokens
     return {"dp_rank": g, "timestamp": time.time(), "num_running_reqs": running,
             "num_waiting_reqs": waiting, "num_total_reqs": running + waiting,
+            "num_waiting_uncached_tokens": queued_tokens,
             "num_used_tokens": used, "num_total_tokens": used,
             "max_total_num_tokens": cfg.kv_limit_tokens, "token_usage": usage,
-            "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": usage,
-            "max_running_requests": cfg.slots}
+            "gen_throughput": throughput, "cache_hit_rate": 0.0, "utilization": usage,
+            "max_running_requests": cfg.slots, "disagg_mode": cfg.role}
 
 
 def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,6 +22,8 @@ Follows docs/engine-contracts.md ("vLLM"):
 - Rank pinning: the ``X-data-parallel-rank`` header on a single server for all ranks
   (no header: vLLM's DP balancer, least ``4 * waiting + running``), or one server per
   rank (``port_per_rank``; a header naming another rank is refused).
+- ``GET /version`` (smg's runtime probe); unknown request fields are accepted, logged at
+  debug level and counted, as vLLM's request models do (``--strict-fields`` refuses).
 - ``GET /metrics``: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (and the deprecated ``vllm:gpu_cache_usage_perc``),
   ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, labelled
@@ -49,11 +51,12 @@ from br_serve.emulator.openai import (
     ApiError,
     ParsedRequest,
     completion_body,
-    parse_request,
     sse_json,
 )
 
 RANK_HEADER = "X-data-parallel-rank"
+#: what ``GET /version`` answers (vLLM answers its release; routers only probe it)
+VERSION = "0.0.0+emulated"
 _REQUIRED = ("remote_engine_id", "remote_request_id", "remote_block_ids", "remote_host",
              "remote_port")
 _EXTRA = frozenset({"kv_transfer_params"})
@@ -106,7 +109,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         if not isinstance(ktp, dict) or ktp.get("do_remote_decode") is not True:
             raise ApiError(400, "kv_transfer_params: a prefill (kv_producer) request needs "
                                 "do_remote_decode: true", "kv_transfer_params")
-        req = parse_request(body, chat, _EXTRA, cfg.strict_fields, cfg.model, True)
+        req = emu.parse(body, chat, _EXTRA, True)
         if req.stream:
             raise ApiError(400, "stream: a prefill request must not stream", "stream")
         if req.max_tokens != 1:
@@ -154,8 +157,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
                            "kv_transfer_params.remote_port")
         key = str(ktp["remote_request_id"])
         try:
-            req: ParsedRequest = parse_request(body, chat, _EXTRA, cfg.strict_fields,
-                                               cfg.model, True)
+            req: ParsedRequest = emu.parse(body, chat, _EXTRA, True)
             g = pinned_rank(request)
             emu.check_rank_alive(g)
         except ApiError:
@@ -182,6 +184,10 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         if not done:
             raise ApiError(404, f"Request {request_id} not found or already completed.")
         return {"request_id": request_id}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": VERSION}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -45,6 +45,8 @@ def servers(*configs: EmulatorConfig) -> Iterator[list[EmulatorThread]]:
 def config(protocol: str, role: str, dp_size: int = 1, **kw: Any) -> EmulatorConfig:
     kw.setdefault("step_b_s", (0.002,))
     kw.setdefault("step_a_s_per_token", (0.0,))
+    # the project's own tests run strict: a field a router sends by mistake fails loudly
+    kw.setdefault("strict_fields", True)
     return EmulatorConfig(protocol, role, dp_size, free_port(), **kw)  # type: ignore[arg-type]
 
 

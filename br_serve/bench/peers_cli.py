@@ -1,0 +1,146 @@
+"""``br-serve bench-peers``: the graph against sglang-router / smg and vllm-router.
+
+Example (G = 4, four windows of 192 ServeGen R1 requests, saturated, both protocols,
+the simulator beside it)::
+
+    br-serve bench-peers --trace ../shared/traces/servegen/deepseek_r1_5rps_1h.csv \\
+        --windows 4 --window 192 --max-output 256 --set replicas=4 --sim \\
+        --out results/peers/servegen_g4.json
+
+Needs the ``[peers]`` extra (``pip install 'br-serve[peers]'``). Writes the JSON, a
+markdown table (``.md``) and a plot (``.png``) next to it. See docs/peers.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from br_serve.serve.cli import common_arguments, free_port, kv_args, start_ray, stop_ray
+
+PROTOCOLS = ("sglang", "vllm")
+
+
+def _arms(args: argparse.Namespace, policy: str) -> list[tuple[str, Any]]:
+    from br_serve.bench.peers_routers import ARMS, Arm, router_available
+
+    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    bad = [p for p in protocols if p not in PROTOCOLS]
+    if bad or not protocols:
+        raise ValueError(f"--protocols: unknown {bad or protocols}; known: sglang, vllm")
+    wanted = ([a.strip() for a in args.arms.split(",") if a.strip()] if args.arms
+              else [k for k, a in ARMS.items() if a.protocol in protocols])
+    unknown = [a for a in wanted if a not in ARMS]
+    if unknown:
+        raise ValueError(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
+    out: list[tuple[str, Any]] = []
+    for protocol in protocols:
+        out.append((protocol, Arm(f"graph:{policy}", "graph", policy, (), policy)))
+        for label in wanted:
+            arm = ARMS[label]
+            if arm.protocol != protocol:
+                continue
+            why = router_available(arm.router)
+            if why is not None:
+                raise ValueError(f"--arms: {label}: {why}")
+            out.append((protocol, arm))
+    return out
+
+
+def cmd_bench_peers(args: argparse.Namespace) -> int:
+    from br_serve.bench import peers, peers_report
+    from br_serve.serve.config import parse_graph_config
+
+    if not Path(args.trace).exists():
+        raise FileNotFoundError(f"--trace: no such file {args.trace}")
+    if args.windows < 1 or args.window < 2:
+        raise ValueError("--windows must be >= 1 and --window >= 2")
+    opts = {"replicas": "4", "serve_port": str(free_port()), "pool_capacity": "4096",
+            **kv_args(args.set)}
+    base = parse_graph_config(opts)
+    scales = tuple(float(x) for x in args.timed_scales.split(",") if x.strip())
+    if any(s <= 0 for s in scales):
+        raise ValueError(f"--timed-scales: must be > 0 (got {args.timed_scales})")
+    wins = peers.windows(args.trace, args.windows, args.window, args.max_prompt,
+                         args.max_output, base.seed)
+    arms = _arms(args, base.policy.name)
+    plan = peers.Plan(base, tuple(arms), tuple(wins), not args.no_saturated, scales,
+                      args.timeout)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {"trace": args.trace, "windows": args.windows, "window": args.window,
+              "max_output": args.max_output, "max_prompt": args.max_prompt,
+              "graph": base.model_dump(exclude={"api_key"}),
+              "arms": [[p, a.label, list(a.args)] for p, a in arms],
+              "window_starts": [w.start for w in wins]}
+    start_ray(args.num_cpus)
+    try:
+        rows = peers.run_plan(plan)
+        cap = None
+        if args.capacity:
+            cap = peers.capacity_search(plan, args.slo_tpot_p95_ms, args.slo_ttft_p95_s,
+                                        args.capacity_lo, args.capacity_hi,
+                                        args.capacity_tol)
+    finally:
+        stop_ray()
+    result: dict[str, Any] = {"config": config, "runs": rows,
+                              "summary": peers_report.summarise(rows), "capacity": cap}
+    if cap is not None:
+        result["slo"] = {"tpot_p95_ms": args.slo_tpot_p95_ms,
+                         "ttft_p95_s": args.slo_ttft_p95_s}
+    if args.sim:
+        sims = {}
+        for saturated in (True, False) if scales else (True,):
+            mode = "saturated" if saturated else "timed"
+            pols = {a.label: a.sim_policy for _, a in arms if a.sim_policy}
+            sims[mode] = peers_report.simulate_windows(base, wins, pols, saturated)
+        result["sim"] = sims
+        rr = {p: a.label for p, a in arms if a.rule == "round_robin" and a.router != "graph"}
+        result["agreement"] = peers_report.agreement(result["summary"], sims["saturated"],
+                                                     rr)
+    out.write_text(json.dumps(result, indent=2))
+    md = peers_report.markdown(result)
+    out.with_suffix(".md").write_text(md)
+    peers_report.plot(result, str(out.with_suffix(".png")))
+    print(md)
+    print(f"wrote {out} (+ .md, .png)")
+    lost = sum(int(r["measured"].get("requests_lost", 0)) + ("failed" in r["measured"])
+               for r in rows)
+    return 0 if lost == 0 else 1
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bench-peers", parents=[common_arguments()],
+                       help="the graph against the real peer routers, same emulated engines",
+                       description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", required=True, help="trace file (see br_serve.traces)")
+    p.add_argument("--windows", type=int, default=4, help="K paired windows")
+    p.add_argument("--window", type=int, default=192, help="requests per window")
+    p.add_argument("--max-output", type=int, default=256, help="clip outputs (tokens)")
+    p.add_argument("--max-prompt", type=int, default=32768, help="clip prompts (tokens)")
+    p.add_argument("--protocols", default="sglang,vllm",
+                   help="engine protocols: sglang (smg's arms), vllm (vllm-router's)")
+    p.add_argument("--arms", default=None,
+                   help="router arms, e.g. smg:power_of_two,vllm-router:round_robin "
+                        "(default: every arm of the protocols); the graph always runs")
+    p.add_argument("--no-saturated", action="store_true", help="skip the saturated replays")
+    p.add_argument("--timed-scales", default="",
+                   help="comma list of arrival-rate multipliers for timed replays")
+    p.add_argument("--capacity", action="store_true",
+                   help="bisect each arm's capacity at the SLO (timed replays)")
+    p.add_argument("--slo-tpot-p95-ms", type=float, default=200.0)
+    p.add_argument("--slo-ttft-p95-s", type=float, default=10.0)
+    p.add_argument("--capacity-lo", type=float, default=1.0,
+                   help="lowest rate multiplier of the search")
+    p.add_argument("--capacity-hi", type=float, default=16.0,
+                   help="highest rate multiplier of the search")
+    p.add_argument("--capacity-tol", type=float, default=0.1,
+                   help="stop when hi / lo - 1 is below this")
+    p.add_argument("--sim", action="store_true",
+                   help="simulate each arm's model policy on the same windows")
+    p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s)")
+    p.add_argument("--out", default="results/peers/bench_peers.json")
+    p.set_defaults(func=cmd_bench_peers)

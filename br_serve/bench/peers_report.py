@@ -1,0 +1,229 @@
+"""``bench-peers`` results: paired gains, the simulator beside them, a table and a plot.
+
+Pairing: runs of two arms on the same window and mode are paired; a gain is the mean
+over windows of ``x_arm / x_base - 1`` with its 95% t-interval
+(:func:`br_serve.sim.stats.paired`; K < 2 gives no interval). ``round_robin`` of a
+protocol's routers is that protocol's baseline; "best real router" is, per protocol and
+mode, the router arm with the highest mean ``output_tok_s``.
+
+Simulator beside it (:func:`simulate_windows`): each arm's ``sim_policy`` (the graph's:
+its own policy) simulated on the same windows with the same step model; an arm whose
+policy is not registered yet is skipped with a message. The agreement table sets the
+measured engine-side gain over round robin (``tokens_per_busy_s``, the simulator's
+throughput definition) beside the simulated one; it agrees when the simulated mean lies
+inside the measured interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from br_serve.sim.stats import paired
+
+#: (label in tables, path into a run's measured dict)
+METRICS = (("output tok/s", ("output_tok_s",)),
+           ("TPOT P50 ms", ("tpot_p50_ms",)), ("TPOT P95 ms", ("tpot_p95_ms",)),
+           ("TTFT P50 s", ("ttft_p50_ms",)), ("TTFT P95 s", ("ttft_p95_ms",)),
+           ("engine tok/busy-s", ("engine", "tokens_per_busy_s")),
+           ("imbalance tok", ("engine", "mean_imbalance_tokens")),
+           ("barrier idle", ("engine", "barrier_idle_share")))
+
+
+def value(run: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    v: Any = run.get("measured", {})
+    for k in path:
+        v = v.get(k) if isinstance(v, dict) else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _by(rows: list[dict[str, Any]], protocol: str, mode: str, scale: float,
+        arm: str) -> dict[int, dict[str, Any]]:
+    return {r["window"]: r for r in rows if r["protocol"] == protocol and r["mode"] == mode
+            and r["rate_scale"] == scale and r["arm"] == arm and "failed" not in r["measured"]}
+
+
+def gain(rows: list[dict[str, Any]], protocol: str, mode: str, scale: float, arm: str,
+         base: str, path: tuple[str, ...] = ("output_tok_s",)) -> dict[str, Any] | None:
+    """Paired relative gain of ``arm`` over ``base`` (see the module docstring)."""
+    a, b = _by(rows, protocol, mode, scale, arm), _by(rows, protocol, mode, scale, base)
+    d = [va / vb - 1.0 for w in sorted(a.keys() & b.keys())
+         if (va := value(a[w], path)) is not None and (vb := value(b[w], path))]
+    if not d:
+        return None
+    p = paired(d)
+    return {"mean": p.mean, "ci95": list(p.ci95) if p.ci95 else None, "n": p.n,
+            "tie": p.tie}
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (protocol, mode, scale, arm): metric means over windows and gains
+    over round robin and (graph) over the best real router."""
+    keys = sorted({(r["protocol"], r["mode"], r["rate_scale"]) for r in rows})
+    out = []
+    for protocol, mode, scale in keys:
+        arms = [a for a in dict.fromkeys(r["arm"] for r in rows)
+                if _by(rows, protocol, mode, scale, a)]
+        means = {a: _means(_by(rows, protocol, mode, scale, a)) for a in arms}
+        routers = [a for a in arms if not a.startswith("graph")]
+        rr = next((a for a in routers if a.endswith(":round_robin")), None)
+        best = max(routers, key=lambda a: means[a].get("output tok/s") or 0.0,
+                   default=None)
+        for a in arms:
+            row = {"protocol": protocol, "mode": mode, "rate_scale": scale, "arm": a,
+                   "windows": len(_by(rows, protocol, mode, scale, a)), **means[a],
+                   "best_router": best}
+            if rr and a != rr:
+                row["gain_vs_round_robin"] = gain(rows, protocol, mode, scale, a, rr)
+                row["engine_gain_vs_round_robin"] = gain(
+                    rows, protocol, mode, scale, a, rr, ("engine", "tokens_per_busy_s"))
+            if a.startswith("graph") and best:
+                row["gain_vs_best_router"] = gain(rows, protocol, mode, scale, a, best)
+                for name, path in (("tpot_p95_vs_best", ("tpot_p95_ms",)),
+                                   ("ttft_p50_vs_best", ("ttft_p50_ms",))):
+                    row[name] = gain(rows, protocol, mode, scale, a, best, path)
+            out.append(row)
+    return out
+
+
+def _means(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, path in METRICS:
+        xs = [v for r in runs.values() if (v := value(r, path)) is not None]
+        v = sum(xs) / len(xs) if xs else None
+        out[label] = v / 1e3 if v is not None and label.startswith("TTFT") else v
+    out["lost"] = sum(int(r["measured"].get("requests_lost", 0)) for r in runs.values())
+    out["bad_tokens"] = sum(int(r["measured"].get("bad_tokens", 0)) for r in runs.values())
+    return out
+
+
+def simulate_windows(base: Any, windows: list[Any], policies: dict[str, str],
+                     saturated: bool, say: Callable[[str], None] = print
+                     ) -> dict[str, Any]:
+    """``{arm: {"policy", "throughput_tok_s": [per window], ...} | {"skipped": why}}``:
+    each arm's simulator policy on the same windows and step model."""
+    from br_serve.bench.serve_report import simulate_one
+    from br_serve.core.policy import POLICIES
+    from br_serve.serve.config import parse_graph_config
+    from br_serve.traces import Trace
+
+    out: dict[str, Any] = {}
+    for arm, pol in policies.items():
+        if pol not in POLICIES:
+            msg = f"simulator policy {pol!r} (for {arm}) is not registered yet: skipped"
+            say(msg)
+            out[arm] = {"policy": pol, "skipped": msg}
+            continue
+        cfg = parse_graph_config(base, policy={"name": pol, "options": {}})
+        res: dict[str, list[Any]] = {"throughput_tok_s": [], "mean_imbalance_tokens": [],
+                                     "tpot_p95_ms": [], "ttft_p50_ms": []}
+        for w in windows:
+            arr = [0.0] * len(w.arrival_s) if saturated else list(w.arrival_s)
+            s = simulate_one(Trace.build(arr, list(w.prompt_tokens),
+                                         list(w.output_tokens)), cfg)
+            for k in res:
+                res[k].append(s.get(k))
+        out[arm] = {"policy": pol, **res}
+    return out
+
+
+def agreement(summary: list[dict[str, Any]], sims: dict[str, Any],
+              protocol_rr: dict[str, str], mode: str = "saturated") -> list[dict[str, Any]]:
+    """Per real router rule: measured engine-side gain over round robin (interval)
+    beside the simulated gain of its policy over ``round_robin`` on the same windows."""
+    out = []
+    for row in summary:
+        if row["mode"] != mode or row["arm"].startswith("graph"):
+            continue
+        arm, rr = row["arm"], protocol_rr.get(row["protocol"])
+        meas = row.get("engine_gain_vs_round_robin")
+        sim, sim_rr = sims.get(arm, {}), sims.get(rr or "", {})
+        if "skipped" in sim or "skipped" in sim_rr or not sim or not sim_rr:
+            out.append({"arm": arm, "sim_policy": sim.get("policy"), "measured": meas,
+                        "simulated": None, "agrees": None,
+                        "note": sim.get("skipped") or sim_rr.get("skipped")})
+            continue
+        d = [a / b - 1 for a, b in zip(sim["throughput_tok_s"], sim_rr["throughput_tok_s"],
+                                       strict=True) if a and b]
+        simulated = paired(d).mean if d else None
+        ci = (meas or {}).get("ci95")
+        agrees = (None if arm == rr else bool(ci and simulated is not None
+                                              and ci[0] <= simulated <= ci[1]))
+        out.append({"arm": arm, "sim_policy": sim["policy"], "measured": meas,
+                    "simulated": simulated, "agrees": agrees})
+    return out
+
+
+def _f(v: Any, p: int = 1) -> str:
+    return "-" if v is None else f"{v:.{p}f}"
+
+
+def _g(g: dict[str, Any] | None) -> str:
+    if not g:
+        return "-"
+    ci = g.get("ci95")
+    return (f"{100 * g['mean']:+.1f}%" + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
+                                           if ci else ""))
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The results as markdown tables (one per protocol and mode)."""
+    lines: list[str] = []
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in result["summary"]:
+        groups.setdefault((row["protocol"], row["mode"], row["rate_scale"]), []).append(row)
+    for (protocol, mode, scale), rows in groups.items():
+        lines += [f"### {protocol} engines, {mode}" + (f" x{scale:g}" if mode == "timed"
+                                                       else ""), "",
+                  "| arm | output tok/s | vs round robin | graph vs best router | "
+                  "TPOT P50/P95 ms | TTFT P50/P95 s | engine imbalance tok | barrier idle "
+                  "| lost |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(
+                f"| {r['arm']} | {_f(r['output tok/s'])} | {_g(r.get('gain_vs_round_robin'))}"
+                f" | {_g(r.get('gain_vs_best_router'))} | {_f(r['TPOT P50 ms'])} / "
+                f"{_f(r['TPOT P95 ms'])} | {_f(r['TTFT P50 s'], 2)} / {_f(r['TTFT P95 s'], 2)}"
+                f" | {_f(r['imbalance tok'], 0)} | {_f(r['barrier idle'], 3)} | "
+                f"{r['lost']} |")
+        lines.append("")
+    if result.get("capacity"):
+        lines += ["### capacity at the SLO", "", "| protocol | arm | rate x | req/s |",
+                  "|---|---|---|---|"]
+        lines += [f"| {c['protocol']} | {c['arm']} | {_f(c['capacity_scale'], 2)} | "
+                  f"{_f(c['capacity_req_s'], 2)} |" for c in result["capacity"]]
+        lines.append("")
+    if result.get("agreement"):
+        lines += ["### simulator vs real (saturated, engine tok/busy-s gain over round "
+                  "robin)", "", "| rule | sim policy | measured | simulated | agrees |",
+                  "|---|---|---|---|---|"]
+        for a in result["agreement"]:
+            sim = "-" if a["simulated"] is None else f"{100 * a['simulated']:+.1f}%"
+            verdict = a["agrees"] if a["agrees"] is not None else (a.get("note") or "-")
+            lines.append(f"| {a['arm']} | {a['sim_policy']} | {_g(a['measured'])} | {sim} "
+                         f"| {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Output tok/s and engine imbalance per arm (means, saturated), one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["summary"] if r["mode"] == "saturated"]
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.5))
+    labels = [f"{r['protocol']}: {r['arm']}" for r in rows]
+    for ax, key in zip(axes, ("output tok/s", "imbalance tok"), strict=True):
+        ax.barh(labels, [r[key] or 0 for r in rows],
+                color=["tab:green" if r["arm"].startswith("graph") else "tab:gray"
+                       for r in rows])
+        ax.set_xlabel(key + " (mean over windows)")
+        ax.invert_yaxis()
+    axes[1].set_yticklabels([])
+    fig.suptitle("bench-peers, saturated windows")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
