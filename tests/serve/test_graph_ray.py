@@ -216,21 +216,26 @@ def test_prometheus_metrics_are_exported(port: int) -> None:
             'ray_br_replica_load_tokens{', 'ray_br_replica_running{',
             'ray_br_step_coef_a_s_per_token{', 'ray_br_step_coef_b_s{',
             'ray_br_step_coef_c_s_per_request{', 'ray_br_step_residual_scale_s{']
+    def ttft_count(text: str) -> float:
+        counts = [ln for ln in text.splitlines() if ln.startswith("ray_br_ttft_ms_count")]
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in counts)
+
     text, missing = "", want
-    deadline = time.monotonic() + 90  # Ray flushes metrics every few seconds
-    while missing and time.monotonic() < deadline:
+    # Ray flushes metrics every few seconds, and a flush may carry only part of the
+    # histogram counts recorded so far: wait for the names and for the 4 TTFTs above.
+    deadline = time.monotonic() + 90
+    while (missing or ttft_count(text) < 4) and time.monotonic() < deadline:
         try:
             text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
         except httpx.HTTPError:
             text = ""
         missing = [w for w in want if w not in text]
-        if missing:
+        if missing or ttft_count(text) < 4:
             time.sleep(2)
     assert not missing, f"not exported: {missing}"
     loads = [ln for ln in text.splitlines() if ln.startswith("ray_br_replica_load_tokens{")]
     assert {f'replica="{g}"' in " ".join(loads) for g in range(3)} == {True}
-    counts = [ln for ln in text.splitlines() if ln.startswith("ray_br_ttft_ms_count")]
-    assert counts and sum(float(ln.rsplit(" ", 1)[1]) for ln in counts) >= 4
+    assert ttft_count(text) >= 4, text
 
 
 # -- errors -----------------------------------------------------------------------------
