@@ -41,14 +41,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from br_serve.sim import parse_sim_config
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import paired_gain, run_ensemble
 from br_serve.sim.runner import RunSpec
 from br_serve.sim.stationary import Stationary
 from br_serve.traces import Trace
-from results import SLO_TPOT_FACTOR, SLO_TTFT_S, STEP_A, STEP_B, load_workload, stationary_plan
+from br_serve.bench.workloads import (
+    SLO_TPOT_FACTOR,
+    SLO_TTFT_S,
+    STEP_A,
+    STEP_B,
+    load_workload,
+    stationary_plan,
+)
 
 G, B = 8, 16
 WORKLOADS = ("servegen-r1", "mooncake-conv")

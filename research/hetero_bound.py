@@ -32,7 +32,7 @@ fractional knapsack, so this is the optimum of the fluid model, not a heuristic)
 Fluid: per-step fluctuations (which make a real step's max exceed the means) are
 ignored, so each bound is above what a router can reach. Usage::
 
-    python benchmarks/hetero_bound.py [--json results/hetero_bound.json]
+    python -m research.hetero_bound [--json results/hetero_bound.json]
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import STEP_A, STEP_B, load_workload
+from br_serve.bench.workloads import STEP_A, STEP_B, load_workload
 
 G, B = 8, 16
 #: replica types per setting: (count, a s/token, b s, c s/request); the drift setting

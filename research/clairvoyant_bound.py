@@ -21,7 +21,7 @@ of the headroom, 60% for one that does not is out of reach of routing as modelle
 
 Usage::
 
-    python benchmarks/clairvoyant_bound.py --workload servegen-r1 --replicas 8 \\
+    python -m research.clairvoyant_bound --workload servegen-r1 --replicas 8 \\
         --windows 4 --requests 6000 --json results/clairvoyant_bound.json
 """
 
@@ -44,8 +44,7 @@ from br_serve.core.policy import POLICIES, PolicyBase, PolicyContext, PolicyNeed
 from br_serve.core.pool import PromptPool
 from br_serve.core.types import Assignment, ClusterSnapshot, TickResult
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import algo_explore as ax  # the paired-window runner of issue 14's tables
+from research import algo_explore as ax  # the paired-window runner of issue 14's tables
 
 #: window points (steps) and their weights: each point stands for the steps up to the next
 GRID = np.array([0, 25, 50, 100, 200, 400, 800, 1600, 3200], dtype=np.int64)

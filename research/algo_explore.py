@@ -14,7 +14,7 @@ windows, gains paired per window. Modes:
 
 Usage::
 
-    python benchmarks/algo_explore.py --workload servegen-r1 --replicas 8 \\
+    python -m research.algo_explore --workload servegen-r1 --replicas 8 \\
         --mode saturated --windows 8 --requests 1500 --seed 100 --jobs 1 \\
         --spec jsq --spec br0 --spec 'brh+oracle' --spec 'h10@brh+oracle:horizon=10'
 
@@ -41,8 +41,7 @@ from br_serve.sim import parse_sim_config, simulate
 from br_serve.sim.result import SimResult
 from br_serve.traces import Trace, load_trace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import TRACES  # where the traces are, found as the results script finds them
+from br_serve.bench.workloads import TRACES
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "servegen-r1": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv", min_output=1001),
