@@ -290,7 +290,7 @@ def main() -> int:
                     default=None)
     ap.add_argument("--estimate", action="store_true")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/out/results.json"))
-    ap.add_argument("--compact-json", type=Path, default=Path("results/sim_results.json"),
+    ap.add_argument("--compact-json", type=Path, default=Path("results/sim/sim_results.json"),
                     help="the ensemble rows and per-replay throughputs only (committed: "
                     "enough to re-render with --from-json)")
     ap.add_argument("--md", type=Path, default=Path("docs/results.md"))

@@ -22,7 +22,7 @@ of the headroom, 60% for one that does not is out of reach of routing as modelle
 Usage::
 
     python -m research.clairvoyant_bound --workload servegen-r1 --replicas 8 \\
-        --windows 4 --requests 6000 --json results/clairvoyant_bound.json
+        --windows 4 --requests 6000 --json results/lookahead/clairvoyant_bound.json
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ and the busy time against the arrival span, so the ceiling is measured, not argu
 
 Usage::
 
-    python -m research.offered_rate [--replays 4] [--json results/offered_rate.json]
+    python -m research.offered_rate [--replays 4] [--json results/time-aware/offered_rate.json]
 """
 
 from __future__ import annotations
