@@ -45,13 +45,6 @@ from typing import Any
 
 import numpy as np
 
-from br_serve.sim import parse_sim_config
-from br_serve.sim.capacity import SLO, Bracket, capacity
-from br_serve.sim.ensemble import EnsembleResult, run_ensemble
-from br_serve.sim.runner import RunSpec
-from br_serve.sim.stationary import Stationary
-from br_serve.traces import Trace, load_trace
-
 from br_serve.bench.results_render import render
 from br_serve.bench.workloads import (
     SLO_TPOT_FACTOR,
@@ -63,7 +56,11 @@ from br_serve.bench.workloads import (
     load_workload,
     stationary_plan,
 )
-
+from br_serve.sim import parse_sim_config
+from br_serve.sim.capacity import SLO, Bracket, capacity
+from br_serve.sim.ensemble import EnsembleResult, run_ensemble
+from br_serve.sim.runner import RunSpec
+from br_serve.traces import Trace
 
 #: (policy, predictor, needs prefix hashes). ``vllm_dp`` is left out: without a KV limit
 #: (this cluster model) its score is JSQ's (gain exactly 0 with s.e. 0 in every cell of

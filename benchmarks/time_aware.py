@@ -41,12 +41,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from br_serve.sim import parse_sim_config
-from br_serve.sim.capacity import SLO, Bracket, capacity
-from br_serve.sim.ensemble import paired_gain, run_ensemble
-from br_serve.sim.runner import RunSpec
-from br_serve.sim.stationary import Stationary
-from br_serve.traces import Trace
 from br_serve.bench.workloads import (
     SLO_TPOT_FACTOR,
     SLO_TTFT_S,
@@ -55,6 +49,12 @@ from br_serve.bench.workloads import (
     load_workload,
     stationary_plan,
 )
+from br_serve.sim import parse_sim_config
+from br_serve.sim.capacity import SLO, Bracket, capacity
+from br_serve.sim.ensemble import paired_gain, run_ensemble
+from br_serve.sim.runner import RunSpec
+from br_serve.sim.stationary import Stationary
+from br_serve.traces import Trace
 
 G, B = 8, 16
 WORKLOADS = ("servegen-r1", "mooncake-conv")

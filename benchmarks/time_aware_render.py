@@ -74,7 +74,8 @@ def main() -> int:
                     default=[Path("results/time-aware/time_aware.json")],
                     help="one or more JSON files; a later file's cell replaces an earlier "
                     "one of the same workload, setting and mode")
-    ap.add_argument("--capacity", type=Path, default=Path("results/time-aware/time_aware_capacity.json"))
+    ap.add_argument("--capacity", type=Path,
+                    default=Path("results/time-aware/time_aware_capacity.json"))
     a = ap.parse_args()
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
     for path in a.ensemble:

@@ -43,7 +43,6 @@ from br_serve.core.options import Options, option
 from br_serve.core.policy import POLICIES, PolicyBase, PolicyContext, PolicyNeeds
 from br_serve.core.pool import PromptPool
 from br_serve.core.types import Assignment, ClusterSnapshot, TickResult
-
 from research import algo_explore as ax  # the paired-window runner of issue 14's tables
 
 #: window points (steps) and their weights: each point stands for the steps up to the next

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from br_serve.sim.ensemble import run_ensemble
-from br_serve.sim.replays import make_replays
-
 from benchmarks import time_aware as ta  # the cells' settings, policies and load rule
 from br_serve.bench.workloads import load_workload, stationary_plan
+from br_serve.sim.ensemble import run_ensemble
+from br_serve.sim.replays import make_replays
 
 
 def main() -> int:

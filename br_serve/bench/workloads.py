@@ -70,7 +70,8 @@ SLO_TPOT_FACTOR, SLO_TTFT_S = 1.25, 10.0
 STEP_A, STEP_B = 5e-7, 0.03
 
 
-def load_workload(name: str, seed: int) -> Trace:
+def load_workload(name: str, seed: int = 0) -> Trace:
+    """Workload ``name`` of :data:`WORKLOADS` (``seed``: the shuffled variant's permutation)."""
     spec = WORKLOADS[name]
     tr = load_trace(spec["path"], min_output=spec["min_output"])
     if spec.get("shuffle_outputs"):

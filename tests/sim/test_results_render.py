@@ -16,7 +16,6 @@ from br_serve.sim.stationary import Stationary
 from br_serve.traces import Trace
 
 
-
 def test_render_states_intervals_and_ties(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     n = 400
