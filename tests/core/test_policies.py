@@ -83,7 +83,8 @@ def test_brh_h0_equals_br0() -> None:
     """BR-H with a zero window and BR-0's margin weights makes BR-0's decision *while it
     looks ahead*. With the default decode-share rule most drawn states (prompt-led) make
     BR-H take BR-0's decision without looking ahead, which would compare BR-0 with
-    itself; the rule is off here and the share of ticks that looked ahead is asserted."""
+    itself (measured: 23% of 150 drawn ticks looked ahead with the rule, 100% without);
+    the rule is off here and the share of ticks that looked ahead is asserted."""
     looked: list[bool] = []
 
     @settings(max_examples=150, deadline=None)
@@ -103,7 +104,7 @@ def test_brh_h0_equals_br0() -> None:
 
     check()
     share = sum(looked) / len(looked)
-    assert share >= 0.5, f"only {share:.0%} of the drawn ticks looked ahead"
+    assert share >= 0.9, f"only {share:.0%} of the drawn ticks looked ahead"
 
 
 @settings(max_examples=300)
