@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from br_serve.bench.workloads import WORKLOADS, load_workload
 from br_serve.core.ageing import Ageing, AgeingRule
 from br_serve.core.options import Options, option
 from br_serve.core.policy import POLICIES, PolicyBase, PolicyContext, PolicyNeeds
@@ -179,7 +180,7 @@ def _run(task: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--workload", default="servegen-r1", choices=sorted(ax.WORKLOADS))
+    p.add_argument("--workload", default="servegen-r1", choices=sorted(WORKLOADS))
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--windows", type=int, default=4)
     p.add_argument("--requests", type=int, default=6000)
@@ -188,7 +189,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    full = ax.load_workload(a.workload)
+    full = load_workload(a.workload)
     t = np.arange(int(GRID[-1]) + 1)
     wl_curves = dict(
         fresh_t=t.astype(np.float64),
