@@ -3,7 +3,8 @@ this checkout beside an older one, interleaved (old, new, old, new, ...) so that
 drifts of a shared host hit both alike.
 
     git worktree add --detach /tmp/old <commit-before>      # once
-    python benchmarks/control_plane_table.py --old /tmp/old --out results/control_plane.json
+    python benchmarks/control_plane_table.py --old /tmp/old \\
+        --out results/control-plane/control_plane.json
 
 Each run is a fresh process (its own local Ray) that imports ``br_serve`` from the tree
 it measures; the benchmark file itself (``br_serve/bench/control_plane.py``) only uses
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=300)
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument("--num-cpus", type=int, default=None)
-    p.add_argument("--out", default="results/control_plane.json")
+    p.add_argument("--out", default="results/control-plane/control_plane.json")
     args = p.parse_args(argv)
     trees = [("old", Path(args.old))] if args.old else []
     trees.append(("new", HERE))

@@ -50,7 +50,7 @@ def main() -> int:
     ap.add_argument("--step-b-s", type=float, default=0.03)
     ap.add_argument("--httpx", action="store_true",
                     help="measure bare httpx stream consumption instead of the proxy")
-    ap.add_argument("--out", default="results/remote_proxy_cost.json")
+    ap.add_argument("--out", default="results/control-plane/remote_proxy_cost.json")
     args = ap.parse_args()
     cfg = parse_graph_config(replicas=1, step_b_s=args.step_b_s, step_a_s_per_token=0.0,
                              slots=max(args.streams, 1))

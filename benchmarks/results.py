@@ -45,38 +45,23 @@ from typing import Any
 
 import numpy as np
 
+from br_serve.bench.results_render import render
+from br_serve.bench.workloads import (
+    SLO_TPOT_FACTOR,
+    SLO_TTFT_S,
+    STATIONARY_G,
+    STEP_A,
+    STEP_B,
+    WORKLOADS,
+    load_workload,
+    stationary_plan,
+)
 from br_serve.sim import parse_sim_config
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import EnsembleResult, run_ensemble
 from br_serve.sim.runner import RunSpec
-from br_serve.sim.stationary import Stationary
-from br_serve.traces import Trace, load_trace
+from br_serve.traces import Trace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_render import render
-
-
-def _traces_dir() -> Path:
-    """``shared/traces`` beside the checkout (a worktree may sit one level deeper)."""
-    for up in Path(__file__).resolve().parents:
-        if (up / "shared" / "traces").is_dir():
-            return up / "shared" / "traces"
-    return Path("shared/traces")
-
-
-TRACES = _traces_dir()
-WORKLOADS: dict[str, dict[str, Any]] = {
-    "servegen-r1": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv",
-                        min_output=1001),
-    # ServeGen draws inputs and outputs from one uniform number (rank-correlated); this
-    # variant permutes the outputs (seeded) to isolate the placement effect
-    "servegen-r1-shuffled": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv",
-                                 min_output=1001, shuffle_outputs=True),
-    "mooncake-conv": dict(path=TRACES / "mooncake" / "conversation_trace.jsonl",
-                          min_output=None),
-    "azure-conv": dict(path=TRACES / "azure2023" / "AzureLLMInferenceTrace_conv.csv",
-                       min_output=None),
-}
 #: (policy, predictor, needs prefix hashes). ``vllm_dp`` is left out: without a KV limit
 #: (this cluster model) its score is JSQ's (gain exactly 0 with s.e. 0 in every cell of
 #: a full run at commit de389a0); ``round_robin`` is left out of the capacity searches.
@@ -85,36 +70,8 @@ POLICIES: list[tuple[str, str | None, bool]] = [
     ("min_max", None, False), ("br0", None, False), ("brh", "survival", False),
     ("brh", "exact", True), ("brh", "oracle", False)]
 NOT_IN_CAPACITY = frozenset({"round_robin"})
-STATIONARY_G = (4, 8, 16)
-#: stationary protocol of the results: a warm-up and a measured window of at least this
-#: many admissions each. Long against the pool depth and against how long a policy may
-#: defer a request: br0's default ageing releases a request after 1,024 overtakes, and
-#: with the library's minimal warm-up (pool depth + 2 x slots) its Mooncake admissions
-#: were 20% larger than FCFS's in every replay (the deferred backlog of the warm-up being
-#: paid back), with 4,096 they matched within 1%.
-STATIONARY_MIN_ADMISSIONS = 4096
-#: a replay window takes at most this share of the trace (so K windows still differ);
-#: warm-up and window shrink together to fit
-STATIONARY_MAX_SHARE = 0.8
-
-
-def stationary_plan(g: int, slots: int, n: int) -> tuple[Stationary, int]:
-    """(protocol, requests per replay) for G replicas on a trace of ``n`` requests."""
-    cfg = parse_sim_config(replicas=g, slots=slots)
-    depth = Stationary().depth(cfg)
-    warm = max(depth + 2 * g * slots, STATIONARY_MIN_ADMISSIONS)
-    window = max(8 * g * slots, STATIONARY_MIN_ADMISSIONS)
-    room = int(STATIONARY_MAX_SHARE * n) - depth
-    if warm + window > room:
-        warm = max(depth + 2 * g * slots, room * warm // (warm + window))
-        window = room - warm
-    return Stationary(warmup_admissions=warm), depth + warm + window
-
-
 TRACE_LOADS = {"trace-80": 0.80, "trace-95": 0.95}
 CELLS = tuple(f"stationary-G{g}" for g in STATIONARY_G) + tuple(TRACE_LOADS) + ("capacity",)
-SLO_TPOT_FACTOR, SLO_TTFT_S = 1.25, 10.0
-STEP_A, STEP_B = 5e-7, 0.03
 #: settings that must match for --resume to reuse earlier cells
 SAME_FOR_RESUME = ("replays", "slots", "seed", "trace_requests", "capacity_requests",
                    "capacity_tol")
@@ -131,16 +88,6 @@ def _commit() -> str:
     except OSError:
         return "?"
     return head + ("+dirty" if dirty else "")
-
-
-def load_workload(name: str, seed: int) -> Trace:
-    spec = WORKLOADS[name]
-    tr = load_trace(spec["path"], min_output=spec["min_output"])
-    if spec.get("shuffle_outputs"):
-        perm = np.random.default_rng(seed).permutation(len(tr))
-        tr = Trace.build(tr.arrival_s, tr.input_tokens, tr.output_tokens[perm], tr.hash_ids,
-                         source=tr.source + ":shuffled-outputs")
-    return tr
 
 
 def specs_for(trace: Trace, g: int, slots: int, saturated: bool,
@@ -340,7 +287,7 @@ def main() -> int:
                     default=None)
     ap.add_argument("--estimate", action="store_true")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/out/results.json"))
-    ap.add_argument("--compact-json", type=Path, default=Path("results/sim_results.json"),
+    ap.add_argument("--compact-json", type=Path, default=Path("results/sim/sim_results.json"),
                     help="the ensemble rows and per-replay throughputs only (committed: "
                     "enough to re-render with --from-json)")
     ap.add_argument("--md", type=Path, default=Path("docs/results.md"))

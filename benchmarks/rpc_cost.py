@@ -1,7 +1,7 @@
 """What one message between two actors costs: a Ray actor call against a frame on the
 event channel (``br_serve.serve.wire.channel``), CPU on each side, on one local Ray.
 
-    python benchmarks/rpc_cost.py --calls 2000 --out results/rpc_cost.json
+    python benchmarks/rpc_cost.py --calls 2000 --out results/control-plane/rpc_cost.json
 
 A Ray call here is the ingress's poll of a decode replica as it was (an async actor
 method answering 16 token tuples, awaited by another async actor) and the report a
@@ -28,7 +28,7 @@ EV = [(f"req-{i:04d}-abcdefabcdef", 1234, "tok", 17, False, None) for i in range
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--out", default="results/rpc_cost.json")
+    p.add_argument("--out", default="results/control-plane/rpc_cost.json")
     args = p.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray

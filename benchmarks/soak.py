@@ -1,7 +1,7 @@
 """Soak the live graph: steady load, 3x-capacity bursts, client disconnects and random
 actor kills for N minutes, then check that nothing leaked, hung or went wrong.
 
-    python benchmarks/soak.py --minutes 5 --out results/soak.json
+    python benchmarks/soak.py --minutes 5 --out results/serve/soak.json
 
 Bounded in time (``--minutes`` of load, then at most ``--drain-s`` to settle) and in
 count (``--max-requests``); HTTP on 127.0.0.1 only; a local Ray it starts and stops.
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-s", type=float, default=180.0)
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results/soak.json")
+    p.add_argument("--out", default="results/serve/soak.json")
     args = p.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user cluster

@@ -8,7 +8,7 @@ the previous commit) is imported under its own module names before this one.
 Usage::
 
     git worktree add /tmp/base HEAD~1
-    python benchmarks/tick_ab.py --base /tmp/base [-G 16] [-N 1024] [--ticks 3000]
+    python -m benchmarks.tick_ab --base /tmp/base [-G 16] [-N 1024] [--ticks 3000]
 
 Prints, per configuration of ``tick_compare.CONFIGS``, both P50s, the median of the
 per-tick paired ratio new / base, and checks that both made the same assignments.
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import time
@@ -26,6 +28,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from benchmarks.tick_compare import CONFIGS, add_state_args, finish
 
 _PREFIXES = ("br_serve", "predictors")
 
@@ -37,13 +41,17 @@ def _load(root: str, build: Callable[[dict[str, ModuleType]], Any]) -> Any:
         for k in [k for k in sys.modules if k.split(".")[0] in _PREFIXES]:
             del sys.modules[k]
     drop()
-    sys.path.insert(0, root)
     try:
+        for top in _PREFIXES:  # the top packages from ``root``; their submodules follow
+            spec = importlib.machinery.PathFinder.find_spec(top, [root])
+            if spec is None or spec.loader is None:
+                raise SystemExit(f"--base: no package {top!r} in {root}")
+            sys.modules[top] = mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
         mods = {n: importlib.import_module(n) for n in
                 ("br_serve.core", "br_serve.bench.tick", "predictors")}
         return build(mods)
     finally:
-        sys.path.remove(root)
         drop()
 
 
@@ -52,8 +60,6 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="the other checkout's root")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.join(here, "benchmarks"))
-    from tick_compare import CONFIGS, add_state_args, finish
     add_state_args(p, ticks=3000)
     a = p.parse_args()
 

@@ -4,7 +4,7 @@ Runs ``br_serve.bench.tick.run_bench`` (the code behind ``br-serve bench-tick``)
 configuration, with jsq measured in the same run for scale, and writes the results as
 JSON and as a Markdown table. Usage:
 
-    python benchmarks/tick_table.py --out docs/tick-latency.md --json out/tick.json
+    python benchmarks/tick_table.py --out docs/tick-latency.md --json results/tick/tick_table.json
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _opts(policy: str, horizon: int | None) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("docs/tick-latency.md"))
-    ap.add_argument("--json", type=Path, default=Path("out/tick.json"))
+    ap.add_argument("--json", type=Path, default=Path("results/tick/tick_table.json"))
     ap.add_argument("--ticks", type=int, default=1000)
     ap.add_argument("--horizon", type=int, default=None,
                     help="brh's window (default: its own default)")
@@ -110,7 +110,8 @@ def _markdown(rows: list[dict[str, Any]], burst: list[dict[str, Any]],
         f"{args.ticks} ticks on this machine ({meta['cpus']} CPUs, Python {meta['python']}, "
         f"load average at the end {tuple(round(x, 2) for x in meta['loadavg_at_end'])}).",
         "States: steady-state decode, 16 slots per replica, mean G/4 free slots per tick "
-        "(see `br_serve/bench/tick.py` for why that is pessimistic). Their prompts "
+        "(see `br_serve/bench/tick.py` for why that is pessimistic). Data: "
+        f"`{args.json}`. Their prompts "
         "(median 1,808 tokens) make most of the load, so BR-H's default decode rule makes "
         "BR-0's decision on them; what a tick that looks ahead costs: "
         "[policy-evaluation.md](policy-evaluation.md#tick-cost).",

@@ -4,7 +4,7 @@ clusters (paired replay ensembles; prints a table and writes JSON).
 Usage (from the repository root)::
 
     python benchmarks/time_aware.py [--replays 8] [--jobs 2] [--only TOKENS]
-        [--json results/time_aware.json]
+        [--json results/time-aware/time_aware.json]
 
 Settings, each on G = 8 replicas of B = 16 slots, base step ``a = 5e-7 s/token,
 b = 0.03 s``:
@@ -41,14 +41,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from br_serve.bench.workloads import (
+    SLO_TPOT_FACTOR,
+    SLO_TTFT_S,
+    STEP_A,
+    STEP_B,
+    load_workload,
+    stationary_plan,
+)
 from br_serve.sim import parse_sim_config
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import paired_gain, run_ensemble
 from br_serve.sim.runner import RunSpec
 from br_serve.sim.stationary import Stationary
 from br_serve.traces import Trace
-from results import SLO_TPOT_FACTOR, SLO_TTFT_S, STEP_A, STEP_B, load_workload, stationary_plan
 
 G, B = 8, 16
 WORKLOADS = ("servegen-r1", "mooncake-conv")
@@ -178,7 +184,7 @@ def main() -> int:
     ap.add_argument("--trace-requests", type=int, default=3000)
     ap.add_argument("--only", default="", help="comma list of workload/setting/mode tokens "
                     "(alternatives within a family; e.g. half-slow,drift,capacity)")
-    ap.add_argument("--json", type=Path, default=Path("results/time_aware.json"))
+    ap.add_argument("--json", type=Path, default=Path("results/time-aware/time_aware.json"))
     args = ap.parse_args()
     only = [t for t in args.only.split(",") if t]
     doc: dict[str, Any] = {"replays": args.replays, "seed": args.seed, "G": G, "B": B,

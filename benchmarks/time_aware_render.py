@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/time_aware_render.py [--ensemble results/time_aware.json]
-        [--capacity results/time_aware_capacity.json]
+    python benchmarks/time_aware_render.py [--ensemble results/time-aware/time_aware.json]
+        [--capacity results/time-aware/time_aware_capacity.json]
 """
 
 from __future__ import annotations
@@ -71,10 +71,11 @@ def capacity_table(doc: dict[str, Any]) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ensemble", type=Path, nargs="+",
-                    default=[Path("results/time_aware.json")],
+                    default=[Path("results/time-aware/time_aware.json")],
                     help="one or more JSON files; a later file's cell replaces an earlier "
                     "one of the same workload, setting and mode")
-    ap.add_argument("--capacity", type=Path, default=Path("results/time_aware_capacity.json"))
+    ap.add_argument("--capacity", type=Path,
+                    default=Path("results/time-aware/time_aware_capacity.json"))
     a = ap.parse_args()
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
     for path in a.ensemble:

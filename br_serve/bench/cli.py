@@ -145,7 +145,7 @@ def register(sub: Any) -> None:
                         "on each policy's own runs")
     p.add_argument("--resimulate", default=None, metavar="RESULT_JSON",
                    help="only redo the simulator side of an earlier result (to --out)")
-    p.add_argument("--out", default="results/serve_bench.json")
+    p.add_argument("--out", default="results/serve/serve_bench.json")
     p.set_defaults(func=cmd_bench)
     _register_kv(sub)
     from br_serve.bench import control_plane, peers_cli

@@ -1,10 +1,13 @@
-"""The policy interface, the policy registry and the one way to build a policy.
+"""The policy interface, the policy registry and how a policy is built.
 
-A policy is one module in :mod:`br_serve.core.policies` (or anywhere, under a qualified
-name): a :class:`PolicyBase` subclass that declares its frozen ``Options`` dataclass and
-its ``needs``, decorated with :func:`register_policy`. The simulator, the Ray
-scheduler and the tick benchmark all build policies with :func:`build_policy` and
-ask the class what it needs; nothing outside the policy's file knows its name.
+A policy is a :class:`PolicyBase` subclass in a module of :mod:`br_serve.core.policies`
+(related policies share a module: ``baselines``, ``peers``, ``smg``, ``vllm_router``) or
+anywhere, under a qualified name; it declares its frozen ``Options`` dataclass and its
+``needs`` and is decorated with :func:`register_policy`. :func:`policy_class` finds the
+class by name; :func:`build_policy` builds it from raw options (the tick benchmark,
+tests, plugins), while the simulator and the Ray scheduler call the class with the
+options their configuration already validated. Every driver asks the class what it
+needs; nothing outside the policy's module knows its name.
 
 Contract of :meth:`PolicyBase.schedule`: it must not mutate ``cluster`` or ``pool``
 (the caller applies the returned assignments); it obeys the hard limits (a replica

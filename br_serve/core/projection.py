@@ -15,12 +15,12 @@ above it), without replacement. Refills stop when the pool's untaken prompts run
 (or at ``max_refills``), so a shallow pool projects empty slots and a deep one refilled
 slots: the regime is read from the pool, not configured.
 
-:class:`RefillLoads` keeps, per replica, the *target* loads (the refills included) and
+:class:`Projection` keeps, per replica, the *target* loads (the refills included) and
 the *base* loads (the replica's own refills at the smallest pool prompt). A request
 admitted now to a replica whose slot will be refilled at ``f_g`` displaces part of that
 refill: past ``f_g`` the refill shrinks by what was admitted, so admitting ``D`` adds
 no load there until the base load passes the target, and the replica's score counts
-the fill only before ``f_g`` (see :class:`br_serve.core.policies.brh.GrowingScore`).
+the fill only before ``f_g`` (see :class:`br_serve.core.horizon.GrowingScore`).
 """
 
 from __future__ import annotations

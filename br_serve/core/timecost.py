@@ -11,8 +11,9 @@ the barrier), and admitting ``n`` requests with ``D`` prompt tokens to ``g`` add
 
 Its peak in prompt tokens (the bisection target) is ``(m_g - c_g) / a_g``. With equal
 coefficients and ``c = 0`` this is BR-0's objective times ``a``, which ranks every
-choice alike; :func:`time_margins` then uses BR-0's token model itself, so decisions
-are exactly BR-0's (no rounding of ``a (M - L)`` against ``M - L`` at a tie).
+choice alike; :func:`br_serve.core.policies.br0.scalar_model` then uses BR-0's token
+model itself, so decisions are exactly BR-0's (no rounding of ``a (M - L)`` against
+``M - L`` at a tie).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class Timeouts:
     With equal bounds a request sent on a connection the server is closing at that
     moment is lost without an answer (``ReadError``): measured 5-6 of 1,440 requests
     sent after 4.90-5.05 s of idleness with httpx's default of 5 s, 0 of 1,440 with 2 s
-    (``benchmarks/keepalive_race.py``)."""
+    (``research/keepalive_race.py``)."""
 
     connect_s: float = 3.0
     request_s: float = 120.0

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from br_serve.bench.results_render import render
 from br_serve.sim import parse_sim_config
 from br_serve.sim.capacity import SLO, Bracket, capacity
 from br_serve.sim.ensemble import run_ensemble
 from br_serve.sim.runner import RunSpec
 from br_serve.sim.stationary import Stationary
 from br_serve.traces import Trace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from results_render import render
 
 
 def test_render_states_intervals_and_ties(tmp_path: Path) -> None:

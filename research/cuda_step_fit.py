@@ -10,8 +10,8 @@ term, ``step_s = a * load + c * B + b``, because per-row work is not free.
 What it measures is *this* engine (HF transformers attention + DynamicCache, which
 concatenates the cache every step), not a paged-attention server.
 
-    python benchmarks/cuda_step_fit.py                  # CUDA, llama-8b shape, bf16
-    python benchmarks/cuda_step_fit.py --dry-run        # CPU, tiny model, small grid
+    python -m research.cuda_step_fit                  # CUDA, llama-8b shape, bf16
+    python -m research.cuda_step_fit --dry-run        # CPU, tiny model, small grid
 
 Writes JSON (``--out``) with the configuration, every timed point and both fits.
 """
@@ -25,8 +25,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from br_serve.engine import device as devmod  # before torch: sets its env
 

@@ -8,7 +8,7 @@ shares (sum over windows of ``thr - thr_jsq`` over the sum of ``bound - thr_jsq`
 
 Usage::
 
-    python benchmarks/lookahead_render.py results/lookahead/*.json
+    python -m research.lookahead_render results/lookahead/*.json
 """
 
 from __future__ import annotations

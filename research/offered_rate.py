@@ -12,26 +12,22 @@ and the busy time against the arrival span, so the ceiling is measured, not argu
 
 Usage::
 
-    python benchmarks/offered_rate.py [--replays 4] [--json results/offered_rate.json]
+    python -m research.offered_rate [--replays 4] [--json results/time-aware/offered_rate.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks import time_aware as ta  # the cells' settings, policies and load rule
+from br_serve.bench.workloads import load_workload, stationary_plan
 from br_serve.sim.ensemble import run_ensemble
 from br_serve.sim.replays import make_replays
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import time_aware as ta  # the cells' settings, policies and load rule
-
-from results import load_workload, stationary_plan
 
 
 def main() -> int:

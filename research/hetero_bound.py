@@ -1,5 +1,5 @@
 """Upper bounds on the stationary throughput any router can reach on a heterogeneous
-cluster, against what token and time-aware BR-0 measured (results/time_aware.json).
+cluster, against what token and time-aware BR-0 measured (results/time-aware/time_aware.json).
 
 Why: on ServeGen R1 with half the replicas 1.5x slower, time-aware BR-0 gains ~5% over
 token BR-0 and the goal is +10%. Is +10% reachable at all? This computes a fluid
@@ -32,21 +32,19 @@ fractional knapsack, so this is the optimum of the fluid model, not a heuristic)
 Fluid: per-step fluctuations (which make a real step's max exceed the means) are
 ignored, so each bound is above what a router can reach. Usage::
 
-    python benchmarks/hetero_bound.py [--json results/hetero_bound.json]
+    python -m research.hetero_bound [--json results/time-aware/hetero_bound.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import STEP_A, STEP_B, load_workload
+from br_serve.bench.workloads import STEP_A, STEP_B, load_workload
 
 G, B = 8, 16
 #: replica types per setting: (count, a s/token, b s, c s/request); the drift setting
@@ -123,7 +121,7 @@ def measured(path: Path) -> dict[tuple[str, str], dict[str, float]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--measured", type=Path, default=Path("results/time_aware.json"))
+    ap.add_argument("--measured", type=Path, default=Path("results/time-aware/time_aware.json"))
     args = ap.parse_args()
     meas = measured(args.measured)
     rows: list[dict[str, Any]] = []

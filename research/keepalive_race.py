@@ -17,7 +17,7 @@ emulator runs as a thread of the process that also drives Ray); ``--cpu-hogs`` b
 processes load the host. A late loop closes every connection whose timer expired,
 requests that arrived meanwhile included, which widens the window.
 
-    python benchmarks/keepalive_race.py --rounds 24 --server-gil-hogs 1
+    python -m research.keepalive_race --rounds 24 --server-gil-hogs 1
 """
 
 from __future__ import annotations

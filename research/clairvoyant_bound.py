@@ -21,8 +21,8 @@ of the headroom, 60% for one that does not is out of reach of routing as modelle
 
 Usage::
 
-    python benchmarks/clairvoyant_bound.py --workload servegen-r1 --replicas 8 \\
-        --windows 4 --requests 6000 --json results/clairvoyant_bound.json
+    python -m research.clairvoyant_bound --workload servegen-r1 --replicas 8 \\
+        --windows 4 --requests 6000 --json results/lookahead/clairvoyant_bound.json
 """
 
 from __future__ import annotations
@@ -38,14 +38,13 @@ from typing import Any
 
 import numpy as np
 
+from br_serve.bench.workloads import WORKLOADS, load_workload
 from br_serve.core.ageing import Ageing, AgeingRule
 from br_serve.core.options import Options, option
 from br_serve.core.policy import POLICIES, PolicyBase, PolicyContext, PolicyNeeds
 from br_serve.core.pool import PromptPool
 from br_serve.core.types import Assignment, ClusterSnapshot, TickResult
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import algo_explore as ax  # the paired-window runner of issue 14's tables
+from research import algo_explore as ax  # the paired-window runner of issue 14's tables
 
 #: window points (steps) and their weights: each point stands for the steps up to the next
 GRID = np.array([0, 25, 50, 100, 200, 400, 800, 1600, 3200], dtype=np.int64)
@@ -181,7 +180,7 @@ def _run(task: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--workload", default="servegen-r1", choices=sorted(ax.WORKLOADS))
+    p.add_argument("--workload", default="servegen-r1", choices=sorted(WORKLOADS))
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--windows", type=int, default=4)
     p.add_argument("--requests", type=int, default=6000)
@@ -190,7 +189,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    full = ax.load_workload(a.workload)
+    full = load_workload(a.workload)
     t = np.arange(int(GRID[-1]) + 1)
     wl_curves = dict(
         fresh_t=t.astype(np.float64),

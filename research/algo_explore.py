@@ -14,7 +14,7 @@ windows, gains paired per window. Modes:
 
 Usage::
 
-    python benchmarks/algo_explore.py --workload servegen-r1 --replicas 8 \\
+    python -m research.algo_explore --workload servegen-r1 --replicas 8 \\
         --mode saturated --windows 8 --requests 1500 --seed 100 --jobs 1 \\
         --spec jsq --spec br0 --spec 'brh+oracle' --spec 'h10@brh+oracle:horizon=10'
 
@@ -37,36 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from br_serve.bench.workloads import WORKLOADS, load_workload
 from br_serve.sim import parse_sim_config, simulate
 from br_serve.sim.result import SimResult
-from br_serve.traces import Trace, load_trace
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import TRACES  # where the traces are, found as the results script finds them
-
-WORKLOADS: dict[str, dict[str, Any]] = {
-    "servegen-r1": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv", min_output=1001),
-    "servegen-r1-shuffled": dict(path=TRACES / "servegen" / "deepseek_r1_5rps_1h.csv",
-                                 min_output=1001, shuffle_outputs=True),
-    "mooncake-conv": dict(path=TRACES / "mooncake" / "conversation_trace.jsonl",
-                          min_output=None),
-    "azure-conv": dict(path=TRACES / "azure2023" / "AzureLLMInferenceTrace_conv.csv",
-                       min_output=None),
-}
-
+from br_serve.traces import Trace
 
 #: the baselines "better than the field" is measured against (capacity mode)
 FIELD = frozenset({"jsq", "sglang_total_tokens", "vllm_dp", "min_max"})
-
-
-def load_workload(name: str, seed: int = 0) -> Trace:
-    spec = WORKLOADS[name]
-    tr = load_trace(spec["path"], min_output=spec["min_output"])
-    if spec.get("shuffle_outputs"):
-        perm = np.random.default_rng(seed).permutation(len(tr))
-        tr = Trace.build(tr.arrival_s, tr.input_tokens, tr.output_tokens[perm], tr.hash_ids,
-                         source=tr.source + ":shuffled-outputs")
-    return tr
 
 
 def parse_spec(text: str) -> dict[str, Any]:
