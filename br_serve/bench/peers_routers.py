@@ -150,7 +150,7 @@ def wait_ready(url: str, model: str, proc: subprocess.Popen[bytes], wait_s: floa
         if proc.poll() is not None:
             raise RuntimeError(f"router at {url} exited with {proc.returncode}")
         try:
-            r = httpx.post(f"{url}/v1/completions", json=body, timeout=10.0)
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=30.0)
             if r.status_code == 200:
                 return
             last = f"{r.status_code} {r.text[:200]}"
