@@ -83,7 +83,10 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     wins = peers.windows(args.trace, args.windows, args.window, args.max_prompt,
                          args.max_output, base.seed)
     arms = _arms(args, base.policy.name)
-    plan = peers.Plan(base, tuple(arms), tuple(wins), not args.no_saturated, scales,
+    if args.resim and args.keep_router_runs:
+        raise ValueError("--resim and --keep-router-runs: give one")
+    live = [(p, a) for p, a in arms if a.router == "graph" or not args.keep_router_runs]
+    plan = peers.Plan(base, tuple(live), tuple(wins), not args.no_saturated, scales,
                       args.timeout)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -92,12 +95,17 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
               "graph": base.model_dump(exclude={"api_key"}),
               "arms": [[p, a.label, list(a.args)] for p, a in arms],
               "window_starts": [w.start for w in wins]}
+    kept: list[dict[str, Any]] = []
+    if args.keep_router_runs:
+        old_rows, _, _ = _measured(args.keep_router_runs, config)
+        kept = [r for r in old_rows if r["router"] != "graph"]
+        config["router_runs_from"] = args.keep_router_runs
     if args.resim:
         rows, cap, config = _measured(args.resim, config)
     else:
         start_ray(args.num_cpus)
         try:
-            rows = peers.run_plan(plan)
+            rows = peers.run_plan(plan) + kept
             cap = None
             if args.capacity:
                 cap = peers.capacity_search(plan, args.slo_tpot_p95_ms,
@@ -166,6 +174,10 @@ def register(sub: Any) -> None:
                    help="no live runs: take RESULT_JSON's runs (made with the same "
                         "--trace/--windows/--window/--max-*) and redo the summary, the "
                         "simulator (with --sim) and the agreement; writes --out")
+    p.add_argument("--keep-router-runs", default=None, metavar="RESULT_JSON",
+                   help="run only the graph live; every real router's runs come from "
+                        "RESULT_JSON (same --trace/--windows/--window/--max-*: checked), "
+                        "paired with the new graph runs by window")
     p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s)")
     p.add_argument("--out", default="results/peers/bench_peers.json")
     p.set_defaults(func=cmd_bench_peers)
