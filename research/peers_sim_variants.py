@@ -24,7 +24,8 @@ VARIANTS = [("round_robin", {}), ("router_round_robin", {}), ("consistent_hash",
             ("smg_power_of_two", {}), ("smg_power_of_two", ARRIVAL),
             ("smg_min_tokens", {}), ("smg_min_tokens", ARRIVAL),
             ("smg_min_tokens", {**ARRIVAL, "min_tokens_increment": "one"}),
-            ("smg_least_load", {}), ("smg_least_load", ARRIVAL), ("smg_cache_aware", {})]
+            ("smg_least_load", {}), ("smg_least_load", ARRIVAL), ("smg_cache_aware", {}),
+            ("jsq", {}), ("br0", {})]
 
 
 def main(g: int, slots: int, trace: str, n: int) -> None:
