@@ -49,6 +49,23 @@ def _arms(args: argparse.Namespace, policy: str) -> list[tuple[str, Any]]:
     return out
 
 
+def _measured(path: str, config: dict[str, Any]
+              ) -> tuple[list[dict[str, Any]], Any, dict[str, Any]]:
+    """The live runs and capacity of an earlier result ``path`` (``--resim``), checked
+    to be on the windows this invocation makes; its config, with the new graph's."""
+    old = json.loads(Path(path).read_text())
+    if old["config"]["window_starts"] != config["window_starts"]:
+        raise ValueError(f"--resim: {path} was measured on windows starting at "
+                         f"{old['config']['window_starts']}, these options make "
+                         f"{config['window_starts']}: give the same --trace, --windows, "
+                         "--window and --seed")
+    for k in ("trace", "windows", "window", "max_output", "max_prompt"):
+        if old["config"][k] != config[k]:
+            raise ValueError(f"--resim: {path} has {k}={old['config'][k]!r}, these options "
+                             f"{config[k]!r}")
+    return old["runs"], old.get("capacity"), {**old["config"], "sim_graph": config["graph"]}
+
+
 def cmd_bench_peers(args: argparse.Namespace) -> int:
     from br_serve.bench import peers, peers_report
     from br_serve.serve.config import parse_graph_config
@@ -66,7 +83,10 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     wins = peers.windows(args.trace, args.windows, args.window, args.max_prompt,
                          args.max_output, base.seed)
     arms = _arms(args, base.policy.name)
-    plan = peers.Plan(base, tuple(arms), tuple(wins), not args.no_saturated, scales,
+    if args.resim and args.keep_router_runs:
+        raise ValueError("--resim and --keep-router-runs: give one")
+    live = [(p, a) for p, a in arms if a.router == "graph" or not args.keep_router_runs]
+    plan = peers.Plan(base, tuple(live), tuple(wins), not args.no_saturated, scales,
                       args.timeout)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -75,16 +95,24 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
               "graph": base.model_dump(exclude={"api_key"}),
               "arms": [[p, a.label, list(a.args)] for p, a in arms],
               "window_starts": [w.start for w in wins]}
-    start_ray(args.num_cpus)
-    try:
-        rows = peers.run_plan(plan)
-        cap = None
-        if args.capacity:
-            cap = peers.capacity_search(plan, args.slo_tpot_p95_ms, args.slo_ttft_p95_s,
-                                        args.capacity_lo, args.capacity_hi,
-                                        args.capacity_tol)
-    finally:
-        stop_ray()
+    kept: list[dict[str, Any]] = []
+    if args.keep_router_runs:
+        old_rows, _, _ = _measured(args.keep_router_runs, config)
+        kept = [r for r in old_rows if r["router"] != "graph"]
+        config["router_runs_from"] = args.keep_router_runs
+    if args.resim:
+        rows, cap, config = _measured(args.resim, config)
+    else:
+        start_ray(args.num_cpus)
+        try:
+            rows = peers.run_plan(plan) + kept
+            cap = None
+            if args.capacity:
+                cap = peers.capacity_search(plan, args.slo_tpot_p95_ms,
+                                            args.slo_ttft_p95_s, args.capacity_lo,
+                                            args.capacity_hi, args.capacity_tol)
+        finally:
+            stop_ray()
     result: dict[str, Any] = {"config": config, "runs": rows,
                               "summary": peers_report.summarise(rows), "capacity": cap}
     if cap is not None:
@@ -94,7 +122,8 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         sims = {}
         for saturated in (True, False) if scales else (True,):
             mode = "saturated" if saturated else "timed"
-            pols = {a.label: a.sim_policy for _, a in arms if a.sim_policy}
+            pols = {a.label: (a.sim_policy, dict(a.sim_options)) for _, a in arms
+                    if a.sim_policy}
             sims[mode] = peers_report.simulate_windows(base, wins, pols, saturated)
         result["sim"] = sims
         rr = {p: a.label for p, a in arms if a.rule == "round_robin" and a.router != "graph"}
@@ -141,6 +170,14 @@ def register(sub: Any) -> None:
                    help="stop when hi / lo - 1 is below this")
     p.add_argument("--sim", action="store_true",
                    help="simulate each arm's model policy on the same windows")
+    p.add_argument("--resim", default=None, metavar="RESULT_JSON",
+                   help="no live runs: take RESULT_JSON's runs (made with the same "
+                        "--trace/--windows/--window/--max-*) and redo the summary, the "
+                        "simulator (with --sim) and the agreement; writes --out")
+    p.add_argument("--keep-router-runs", default=None, metavar="RESULT_JSON",
+                   help="run only the graph live; every real router's runs come from "
+                        "RESULT_JSON (same --trace/--windows/--window/--max-*: checked), "
+                        "paired with the new graph runs by window")
     p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s)")
     p.add_argument("--out", default="results/peers/bench_peers.json")
     p.set_defaults(func=cmd_bench_peers)

@@ -97,24 +97,25 @@ def _means(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def simulate_windows(base: Any, windows: list[Any], policies: dict[str, str],
-                     saturated: bool, say: Callable[[str], None] = print
-                     ) -> dict[str, Any]:
-    """``{arm: {"policy", "throughput_tok_s": [per window], ...} | {"skipped": why}}``:
-    each arm's simulator policy on the same windows and step model."""
+def simulate_windows(base: Any, windows: list[Any],
+                     policies: dict[str, tuple[str, dict[str, Any]]], saturated: bool,
+                     say: Callable[[str], None] = print) -> dict[str, Any]:
+    """``{arm: {"policy", "options", "throughput_tok_s": [per window], ...} |
+    {"skipped": why}}``: each arm's simulator policy (name, options) on the same
+    windows and step model."""
     from br_serve.bench.serve_report import simulate_one
     from br_serve.core.policy import POLICIES
     from br_serve.serve.config import parse_graph_config
     from br_serve.traces import Trace
 
     out: dict[str, Any] = {}
-    for arm, pol in policies.items():
+    for arm, (pol, opts) in policies.items():
         if pol not in POLICIES:
             msg = f"simulator policy {pol!r} (for {arm}) is not registered yet: skipped"
             say(msg)
             out[arm] = {"policy": pol, "skipped": msg}
             continue
-        cfg = parse_graph_config(base, policy={"name": pol, "options": {}})
+        cfg = parse_graph_config(base, policy={"name": pol, "options": opts})
         res: dict[str, list[Any]] = {"throughput_tok_s": [], "mean_imbalance_tokens": [],
                                      "tpot_p95_ms": [], "ttft_p50_ms": []}
         for w in windows:
@@ -123,7 +124,7 @@ def simulate_windows(base: Any, windows: list[Any], policies: dict[str, str],
                                          list(w.output_tokens)), cfg)
             for k in res:
                 res[k].append(s.get(k))
-        out[arm] = {"policy": pol, **res}
+        out[arm] = {"policy": pol, "options": opts, **res}
     return out
 
 
@@ -149,7 +150,8 @@ def agreement(summary: list[dict[str, Any]], sims: dict[str, Any],
         ci = (meas or {}).get("ci95")
         agrees = (None if arm == rr else bool(ci and simulated is not None
                                               and ci[0] <= simulated <= ci[1]))
-        out.append({"arm": arm, "sim_policy": sim["policy"], "measured": meas,
+        out.append({"arm": arm, "sim_policy": sim["policy"],
+                    "sim_options": sim.get("options") or {}, "measured": meas,
                     "simulated": simulated, "agrees": agrees})
     return out
 
@@ -199,7 +201,9 @@ def markdown(result: dict[str, Any]) -> str:
         for a in result["agreement"]:
             sim = "-" if a["simulated"] is None else f"{100 * a['simulated']:+.1f}%"
             verdict = a["agrees"] if a["agrees"] is not None else (a.get("note") or "-")
-            lines.append(f"| {a['arm']} | {a['sim_policy']} | {_g(a['measured'])} | {sim} "
+            opts = ", ".join(f"{k}={v}" for k, v in (a.get("sim_options") or {}).items())
+            pol = f"{a['sim_policy']}" + (f" ({opts})" if opts else "")
+            lines.append(f"| {a['arm']} | {pol} | {_g(a['measured'])} | {sim} "
                          f"| {verdict} |")
     return "\n".join(lines) + "\n"
 

@@ -30,6 +30,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,7 +52,7 @@ class Arm:
     """One router with one decode rule (or the graph, ``router == "graph"``).
 
     ``sim_policy``: the simulator policy that claims to model this rule (``None``: none
-    does); ``args``: the rule's flags.
+    does), with ``sim_options`` (``(name, value)`` pairs); ``args``: the rule's flags.
     """
 
     label: str
@@ -59,26 +60,37 @@ class Arm:
     rule: str
     args: tuple[str, ...]
     sim_policy: str | None
+    sim_options: tuple[tuple[str, str], ...] = ()
 
     @property
     def protocol(self) -> str | None:
         return PROTOCOL.get(self.router)
 
 
-#: every rule bench-peers knows, by label
+#: arrival binding: the real routers choose the rank when the request arrives (docs/peers.md)
+_AT_ARRIVAL = (("bind", "arrival"),)
+
+#: every rule bench-peers knows, by label, with the simulator policy (and options) that
+#: models it as bench-peers runs it (docs/peers.md, "Simulator against the real routers")
 ARMS: dict[str, Arm] = {a.label: a for a in (
-    Arm("smg:round_robin", "smg", "round_robin", ("--policy", "round_robin"), "round_robin"),
+    Arm("smg:round_robin", "smg", "round_robin", ("--policy", "round_robin"),
+        "router_round_robin"),
     Arm("smg:power_of_two", "smg", "power_of_two", ("--policy", "power_of_two"),
-        "smg_power_of_two"),
+        "smg_power_of_two", _AT_ARRIVAL),
     Arm("smg:cache_aware", "smg", "cache_aware", ("--policy", "cache_aware"),
         "smg_cache_aware"),
-    Arm("smg:least_load", "smg", "least_load", ("--policy", "least_load"), "smg_least_load"),
+    Arm("smg:least_load", "smg", "least_load", ("--policy", "least_load"), "smg_least_load",
+        _AT_ARRIVAL),
+    # the worker policy round_robin reads no request text: +1 per request between polls
     Arm("smg:min_tokens", "smg", "dp_minimum_tokens",
-        ("--policy", "round_robin", "--dp-minimum-tokens-scheduler"), "smg_min_tokens"),
+        ("--policy", "round_robin", "--dp-minimum-tokens-scheduler"), "smg_min_tokens",
+        (*_AT_ARRIVAL, ("min_tokens_increment", "one"))),
     Arm("vllm-router:round_robin", "vllm-router", "round_robin", ("--policy", "round_robin"),
-        "round_robin"),
+        "router_round_robin"),
+    # 0.1.17's PD path never counts a decode request on its worker: both draws read 0
     Arm("vllm-router:power_of_two", "vllm-router", "power_of_two",
-        ("--policy", "power_of_two"), "vllm_router_p2c"),
+        ("--policy", "power_of_two"), "vllm_router_p2c",
+        (*_AT_ARRIVAL, ("p2c_loads", "none"))),
     Arm("vllm-router:consistent_hash", "vllm-router", "consistent_hash",
         ("--policy", "consistent_hash"), "consistent_hash"),
 )}
@@ -95,13 +107,19 @@ def router_available(router: str) -> str | None:
 
 
 def router_command(arm: Arm, port: int, prefill_url: str, decode_url: str,
-                   dp_size: int, dp_aware: bool = True) -> list[str]:
-    """The command line that starts ``arm``'s router on 127.0.0.1:``port``."""
+                   dp_size: int, dp_aware: bool = True, metrics_port: int = 0) -> list[str]:
+    """The command line that starts ``arm``'s router on 127.0.0.1:``port``, its
+    Prometheus exporter on 127.0.0.1:``metrics_port`` (``0``: a free port now). Every
+    router binds 0.0.0.0:29000 for Prometheus by default and panics at start-up when
+    that port is taken, so two routers on one host (a bench beside a test, two users)
+    would make each other fail."""
     module, _ = ROUTERS[arm.router]
     base = [sys.executable, "-m", module]
     if arm.router == "smg":
         base.append("launch")
     common = ["--host", "127.0.0.1", "--port", str(port),
+              "--prometheus-host", "127.0.0.1",
+              "--prometheus-port", str(metrics_port or _free_port()),
               "--worker-startup-timeout-secs", "60", "--log-level", "warn"]
     if arm.protocol == "sglang":
         bootstrap = prefill_url.rsplit(":", 1)[1]
@@ -132,7 +150,7 @@ def wait_ready(url: str, model: str, proc: subprocess.Popen[bytes], wait_s: floa
         if proc.poll() is not None:
             raise RuntimeError(f"router at {url} exited with {proc.returncode}")
         try:
-            r = httpx.post(f"{url}/v1/completions", json=body, timeout=10.0)
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=30.0)
             if r.status_code == 200:
                 return
             last = f"{r.status_code} {r.text[:200]}"
@@ -140,6 +158,12 @@ def wait_ready(url: str, model: str, proc: subprocess.Popen[bytes], wait_s: floa
             last = type(exc).__name__
         time.sleep(0.5)
     raise RuntimeError(f"router at {url} not ready after {wait_s:g} s (last: {last})")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

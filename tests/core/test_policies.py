@@ -37,7 +37,8 @@ def test_registry_has_every_named_policy() -> None:
     assert set(ALL) == {"random", "round_robin", "jsq", "p2c", "sglang_total_tokens",
                         "vllm_dp", "dynamo_decode", "min_max", "br0", "brh",
                         "smg_min_tokens", "smg_least_load", "smg_power_of_two",
-                        "smg_cache_aware", "vllm_router_p2c", "consistent_hash"}
+                        "smg_cache_aware", "vllm_router_p2c", "consistent_hash",
+                        "router_round_robin"}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -64,7 +65,7 @@ def test_hard_limits(name: str, st_: tuple[ClusterSnapshot, PromptPool]) -> None
 
 #: rules that bind a request to one rank by its identity and let it wait for that rank
 #: (br_serve.core.policies._sticky): not work-conserving, as in the real routers
-STICKY = {"consistent_hash", "smg_cache_aware"}
+STICKY = {"consistent_hash", "smg_cache_aware", "router_round_robin"}
 
 
 @pytest.mark.parametrize("name", sorted(set(ALL) - STICKY))

@@ -85,3 +85,22 @@ def test_router_command_lines() -> None:
     v = router_command(ARMS["vllm-router:consistent_hash"], 9, "http://p:1", "http://d:2", 8)
     assert v[v.index("--intra-node-data-parallel-size") + 1] == "8"
     assert v[-2:] == ["--policy", "consistent_hash"] and "--vllm-pd-disaggregation" in v
+
+
+def test_reused_runs_must_come_from_the_same_windows(tmp_path: Any) -> None:
+    import json
+
+    import pytest
+
+    from br_serve.bench.peers_cli import _measured
+
+    cfg = {"trace": "t.csv", "windows": 2, "window": 8, "max_output": 128,
+           "max_prompt": 99, "window_starts": [0, 10], "graph": {}}
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"config": cfg, "runs": [{"arm": "a"}], "capacity": None}))
+    rows, cap, config = _measured(str(f), cfg)
+    assert rows == [{"arm": "a"}] and cap is None and config["sim_graph"] == {}
+    with pytest.raises(ValueError, match="windows starting"):
+        _measured(str(f), {**cfg, "window_starts": [0, 11]})
+    with pytest.raises(ValueError, match="max_output"):
+        _measured(str(f), {**cfg, "max_output": 64})

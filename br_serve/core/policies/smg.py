@@ -14,7 +14,10 @@ What every rule here shares: the router learns engine load only from a poll ever
 ``--load-monitor-interval`` seconds (default 10; :class:`LoadPoll`), and a rule picks a
 rank when the simulator binds a request, among the ranks with a free slot and KV room
 (the real router picks at arrival and the chosen rank queues the request; here the pool
-is the queue, as for every policy of this package).
+is the queue, as for every policy of this package). ``bind=arrival``
+(:mod:`br_serve.core.policies._sticky`) picks once, when the request is first seen,
+among all live ranks, and the request waits for that rank: the real router's timing,
+which ``bench-peers --sim`` uses.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Literal
 
 from br_serve.core.options import Options, option
 from br_serve.core.policies._polled import LoadPoll
+from br_serve.core.policies._sticky import BIND_DOC, Bind, StickyTargets, arrival_dispatch
 from br_serve.core.policies.fcfs import FCFSPolicy, Ledger
 from br_serve.core.policy import OptionsT, PolicyContext, register_policy
 from br_serve.core.pool import PromptPool
@@ -39,6 +43,7 @@ class _Polled(FCFSPolicy[OptionsT]):
     def __init__(self, options: OptionsT, context: PolicyContext) -> None:
         super().__init__(options, context)
         self.poll = LoadPoll(float(options.load_refresh_s))  # type: ignore[attr-defined]
+        self._sticky = StickyTargets()
 
     def polled(self, cluster: ClusterSnapshot, now_s: float) -> None:
         """Called with each tick's snapshot; a subclass resets its between-polls state."""
@@ -47,12 +52,15 @@ class _Polled(FCFSPolicy[OptionsT]):
     def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
                  tick: int) -> TickResult:
         self.polled(cluster, now_s)
+        if self.options.bind == "arrival":  # type: ignore[attr-defined]
+            return arrival_dispatch(self._sticky, cluster, pool, self.choose)
         return super().schedule(cluster, pool, now_s, tick)
 
 
 @dataclass(frozen=True, slots=True)
 class MinTokensOptions(Options):
     load_refresh_s: float = option(10.0, ge=0, doc=_REFRESH_DOC)
+    bind: Bind = option("slot", doc=BIND_DOC)
     min_tokens_increment: Literal["prompt", "one"] = option(
         "prompt", doc="what the router adds to the chosen rank until the next poll: "
         "'prompt' (its estimate of the prompt, 1.3 x whitespace words, when the worker "
@@ -91,6 +99,7 @@ _REPORTS_DOC = ("whose load reports reach the rule: 'rank' (each rank's own, as 
 @dataclass(frozen=True, slots=True)
 class SmgPowerOfTwoOptions(Options):
     load_refresh_s: float = option(10.0, ge=0, doc=_REFRESH_DOC)
+    bind: Bind = option("slot", doc=BIND_DOC)
     load_reports: Literal["rank", "none"] = option("rank", doc=_REPORTS_DOC)
 
 
@@ -128,6 +137,7 @@ class SmgPowerOfTwo(_Polled[SmgPowerOfTwoOptions]):
 @dataclass(frozen=True, slots=True)
 class LeastLoadOptions(Options):
     load_refresh_s: float = option(10.0, ge=0, doc=_REFRESH_DOC)
+    bind: Bind = option("slot", doc=BIND_DOC)
     kv_pressure_weight: float = option(0.15, ge=0, doc="seconds weighting k/(1-k) of "
                                        "the rank's KV use k (smg default 0.15)")
     mean_prefill_tokens: int = option(1024, ge=1, doc="tokens credited per request "

@@ -10,6 +10,13 @@
   until the last token, so: the rank's running requests, counting this tick's
   admissions), plus a cached engine-reported load when its load monitor has one for that
   worker URL; that cached term is not modelled (docs/core.md says why).
+  ``p2c_loads=none``: in vllm-router 0.1.17's PD mode (``--vllm-pd-disaggregation``,
+  direct URLs) the decode worker's in-flight counter is never incremented
+  (``vllm_pd_router.rs``: ``route_completion`` selects the worker and streams the
+  two-stage request without a load guard), so both draws read 0 and the first drawn
+  wins: uniform random, bound at arrival (``bind=arrival``). docs/peers.md shows the
+  measurement that agrees with this and not with the in-flight count.
+- ``router_round_robin``: the routers' ``round_robin``, bound at arrival.
 - ``consistent_hash``: a ring of 160 virtual nodes per rank; a request goes to the first
   node clockwise from its key's hash. The key is, in order, a session header
   (``x-session-id``, ``x-user-id``, ``x-tenant-id``, ``x-correlation-id``,
@@ -27,25 +34,76 @@ from __future__ import annotations
 import bisect
 import hashlib
 from dataclasses import dataclass
+from typing import Literal
 
 from br_serve.core.options import NoOptions, Options, option
-from br_serve.core.policies._sticky import StickyTargets
+from br_serve.core.policies._sticky import BIND_DOC, Bind, StickyTargets, arrival_dispatch
 from br_serve.core.policies.fcfs import FCFSPolicy, Ledger
 from br_serve.core.policy import PolicyBase, PolicyContext, register_policy
 from br_serve.core.pool import PromptPool
 from br_serve.core.types import ClusterSnapshot, PoolRequest, TickResult
 
 
+@dataclass(frozen=True, slots=True)
+class VllmP2COptions(Options):
+    bind: Bind = option("slot", doc=BIND_DOC)
+    p2c_loads: Literal["inflight", "none"] = option(
+        "inflight", doc="what the two draws compare: 'inflight' (the router's count of "
+        "the rank's unfinished requests) or 'none' (every load 0, so the first drawn "
+        "wins: a uniform random pick; what vllm-router 0.1.17's --vllm-pd-"
+        "disaggregation path gets, which never counts a decode request on its worker)")
+
+
 @register_policy("vllm_router_p2c")
-class VllmRouterPowerOfTwo(FCFSPolicy[NoOptions]):
+class VllmRouterPowerOfTwo(FCFSPolicy[VllmP2COptions]):
     """See the module docstring."""
+
+    Options = VllmP2COptions
+
+    def __init__(self, options: VllmP2COptions, context: PolicyContext) -> None:
+        super().__init__(options, context)
+        self._sticky = StickyTargets()
+
+    def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
+                 tick: int) -> TickResult:
+        if self.options.bind == "arrival":
+            return arrival_dispatch(self._sticky, cluster, pool, self.choose)
+        return super().schedule(cluster, pool, now_s, tick)
 
     def choose(self, req: PoolRequest, feasible: list[int], led: Ledger) -> int:
         if len(feasible) == 1:
             return feasible[0]
         i, j = self.context.rng.choice(len(feasible), size=2, replace=False)
         a, b = feasible[int(i)], feasible[int(j)]
+        if self.options.p2c_loads == "none":
+            return a
         return a if led.running[a] <= led.running[b] else b
+
+
+@register_policy("router_round_robin")
+class RouterRoundRobin(PolicyBase[NoOptions]):
+    """A real router's ``round_robin`` (smg, sglang-router and vllm-router alike: a
+    counter over the workers, one per rank with DP awareness): the next rank in turn
+    when the request arrives, whatever its load, and the rank queues the request (bound
+    at arrival, :func:`br_serve.core.policies._sticky.arrival_dispatch`). The
+    simulator's ``round_robin`` instead cycles over the ranks with a free slot when it
+    binds from the pool (late binding), which is work-conserving: not what the routers
+    do."""
+
+    def __init__(self, options: NoOptions, context: PolicyContext) -> None:
+        super().__init__(options, context)
+        self._sticky = StickyTargets()
+        self._next = 0
+
+    def schedule(self, cluster: ClusterSnapshot, pool: PromptPool, now_s: float,
+                 tick: int) -> TickResult:
+        return arrival_dispatch(self._sticky, cluster, pool, self._turn)
+
+    def _turn(self, req: PoolRequest, live: list[int], led: Ledger) -> int:
+        g_all = len(led.alive)
+        g = min(live, key=lambda r: (r - self._next) % g_all)
+        self._next = (g + 1) % g_all
+        return g
 
 
 def ring_hash(key: str) -> int:

@@ -1,0 +1,83 @@
+"""The simulator's models of the real routers as bench-peers runs them: binding at
+arrival (the router picks the rank when the request arrives, the rank queues it),
+vllm-router's PD power-of-two that reads no load, and the routers' round robin."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+import numpy as np
+
+from br_serve.bench.peers_routers import ARMS, router_command
+from br_serve.core import ClusterSnapshot, PolicyContext, PoolRequest, PromptPool, build_policy
+from br_serve.core.policy import POLICIES
+
+
+def _pool(n: int, start: int = 0, prompt: int = 10) -> PromptPool:
+    pool = PromptPool(5000)
+    for i in range(start, start + n):
+        pool.add(PoolRequest(f"r{i}", prompt, enqueued_tick=i))
+    return pool
+
+
+def _pol(name: str, options: Mapping[str, object] | None = None, seed: int = 0) -> object:
+    return build_policy(name, options, PolicyContext(rng=np.random.default_rng(seed)))
+
+
+def _picks(pol: object, cluster: ClusterSnapshot, pool: PromptPool) -> list[tuple[str, int]]:
+    res = pol.schedule(cluster, pool, 0.0, 0)  # type: ignore[attr-defined]
+    return [(a.request_id, a.replica) for a in res.assignments]
+
+
+def test_router_round_robin_binds_in_turn_and_waits_for_a_full_rank() -> None:
+    pol = _pol("router_round_robin")
+    # rank 1 is full: the simulator's round_robin would skip it, the router does not
+    c = ClusterSnapshot.build([0, 0, 0], [0, 2, 0], 2)
+    assert _picks(pol, c, _pool(6)) == [("r0", 0), ("r2", 2), ("r3", 0), ("r5", 2)]
+    late = _picks(_pol("round_robin"), c, _pool(6))
+    assert [g for _, g in late] == [0, 2, 0, 2]  # fills 4 slots from the next requests
+    # r1 and r4 wait for rank 1; when it frees, they go there, first come first served
+    free = ClusterSnapshot.build([0, 0, 0], [2, 0, 2], 2)
+    pool = _pool(6)
+    for rid in ("r0", "r2", "r3", "r5"):
+        pool.remove(rid)
+    assert _picks(pol, free, pool) == [("r1", 1), ("r4", 1)]
+
+
+def test_arrival_binding_counts_bound_waiting_requests_as_in_flight() -> None:
+    # one slot per rank, 8 requests: p2c over in-flight counts that include the bound,
+    # waiting requests spreads them evenly; reading only running counts it would not
+    pol = _pol("vllm_router_p2c", {"bind": "arrival"})
+    c = ClusterSnapshot.build([0, 0], [0, 0], 1)
+    _picks(pol, c, _pool(8))
+    assert sorted(pol._sticky.pending) == [3, 3]  # type: ignore[attr-defined]
+
+
+def test_vllm_router_pd_power_of_two_is_uniform_random() -> None:
+    # every load 0: the first drawn wins, whatever the ranks' loads
+    c = ClusterSnapshot.build([0] * 4, [7, 0, 0, 0], 2000)
+    n = 4000
+    none = Counter(g for _, g in _picks(_pol("vllm_router_p2c", {"p2c_loads": "none"}), c,
+                                        _pool(n)))
+    assert all(800 <= none[g] <= 1200 for g in range(4)), none
+    counted = Counter(g for _, g in _picks(_pol("vllm_router_p2c"), c, _pool(n)))
+    assert counted[0] < none[0]  # the in-flight count avoids the loaded rank
+
+
+def test_bench_arms_model_the_routers_as_run() -> None:
+    for arm in ARMS.values():
+        assert arm.sim_policy in POLICIES, arm.label
+        build_policy(str(arm.sim_policy), dict(arm.sim_options))  # options validate
+    assert ARMS["smg:round_robin"].sim_policy == "router_round_robin"
+    assert dict(ARMS["vllm-router:power_of_two"].sim_options)["p2c_loads"] == "none"
+    # round_robin as the worker policy reads no text: +1 per request between polls
+    assert dict(ARMS["smg:min_tokens"].sim_options)["min_tokens_increment"] == "one"
+
+
+def test_router_command_moves_prometheus_off_the_shared_default_port() -> None:
+    for label in ("smg:round_robin", "vllm-router:round_robin"):
+        cmd = router_command(ARMS[label], 9, "http://127.0.0.1:1", "http://127.0.0.1:2", 4)
+        port = int(cmd[cmd.index("--prometheus-port") + 1])
+        assert port not in (0, 29000)
+        assert cmd[cmd.index("--prometheus-host") + 1] == "127.0.0.1"
