@@ -107,6 +107,8 @@ class Ageing:
         factor = r.fcfs_wait_factor
         look = r.soft_scan if factor != 1.0 else 0  # deadlines may not grow along FCFS
         for req, rank, _overtaken in pool.fcfs_ranks():
+            if ttft is None and released <= rank:
+                return  # its FCFS turn has not come, nor that of any later entry
             wait = -1.0  # the largest share of a budget the request has used
             if fcfs is not None and released > rank:
                 turn = self.released_at(rank + 1)

@@ -5,6 +5,7 @@
 set -euo pipefail
 out=$1; syn=$2; tr=$3
 py=${PYTHON:-.venv/bin/python}
+mkdir -p "$out"
 declare -A TRACES=(
   [r1]="--trace $tr/servegen/deepseek_r1_5rps_1h.csv --min-output 1001"
   [mooncake]="--trace $tr/mooncake/conversation_trace.jsonl"
