@@ -27,7 +27,7 @@ def _by(runs: list[dict[str, Any]], label: str) -> dict[int, dict[str, Any]]:
 def _stat(xs: list[float]) -> dict[str, Any]:
     p = paired(xs)
     return {"mean": p.mean, "se": p.se, "ci95": None if p.ci95 is None else list(p.ci95),
-            "k": p.k}
+            "k": len(xs)}
 
 
 def cell(doc: dict[str, Any]) -> dict[str, Any]:
