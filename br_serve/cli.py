@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES = (
+    "br_serve.policies_cli",  # policies
     "br_serve.bench.tick",  # bench-tick
     "br_serve.sim.cli",  # sim, fetch-trace
     "br_serve.sim.capacity_cli",  # capacity

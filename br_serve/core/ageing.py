@@ -1,32 +1,41 @@
 """Ageing: which pool requests a BalanceRoute tick must place first, in operator terms.
 
 BalanceRoute reorders the pool (it picks prompts by size), so without a bound a prompt
-that fits no margin can wait for ever. Three rules, any of which makes a request
-*starve* (it is then placed first, oldest first, each on its best-F replica):
+that fits no margin can wait for ever. The fairness rule an operator states is a bound
+on each request's **pool wait relative to FCFS**:
 
-- **wait beyond FCFS** (``max_wait_beyond_fcfs_s``, the default rule): the request's
-  FCFS turn passed more than this many seconds ago. Its FCFS turn is the moment the
-  pool had released as many requests as entered before it (FCFS would have released
-  it next); :class:`Ageing` records when each release count was reached, so the
-  wait beyond FCFS of a waiting request is ``now - T_p`` with ``p`` its entry rank.
-  This is exactly the replay harness's "wait beyond FCFS" (``T_q - T_p``), bounded by
-  the budget plus the wait for the next free slot. It does not fire merely because
-  the pool is deep (every request of a saturated pool waits long; FCFS's wait is not
-  BalanceRoute's doing).
-- **TTFT budget** (``ttft_budget_s``, off by default): the request arrived (before its
-  prefill) this many seconds ago. In a deep pool every request exceeds any small
-  budget, and the rule then turns the tick into FCFS with an F-chosen replica: it is
-  meant for latency-bound, shallow-pool deployments.
-- **overtakes** (the earlier rule, off by default: ``max_overtakes=None``): waited
-  longer than ``max_wait_s`` or ``max_wait_ticks`` *and* overtaken by at least
-  ``max_overtakes`` newer requests.
+    pool wait  <=  fcfs_wait_factor x (its FCFS pool wait)  +  max_wait_beyond_fcfs_s
 
-Each rule only weakens along the pool's FCFS order (entry ranks and release times grow;
-pool order is entry order), so the scan stops at the first request no rule marks; for
-the TTFT budget this is exact when requests enter the pool in arrival order (a request
-whose prefill overtook an earlier arrival's is reached once those ahead of it are
-placed). Releases the policy did not make (cancellations, failed dispatches put back)
-are dated at the next tick, which can only make a wait look shorter.
+A request *starves* once its deadline (entry + factor x FCFS wait + slack) has passed;
+starving requests are placed first, oldest first, each on its best-F replica. Its FCFS
+pool wait is estimated online: its FCFS turn ``T_p`` is the moment the pool had released
+as many requests as entered before it (FCFS would have released it next), and
+:class:`Ageing` records when each release count was reached, so the FCFS wait is
+``T_p - entered``. Until the turn comes the FCFS wait is at least ``now - entered``
+and the request cannot be past its deadline. ``fcfs_wait_factor = 1`` is the absolute
+rule "wait beyond FCFS at most ``max_wait_beyond_fcfs_s``" (the harness's ``T_q - T_p``).
+
+Lead time: a request past ``soft_share`` of its slack (``(now - base) / slack`` with
+``base = entered + factor x FCFS wait``) is placed first where it fits without
+overflow, before its deadline forces it anywhere.
+
+Why relative: in a deep pool (a backlog) every request waits long under FCFS too, and
+the slot turnover that would serve an absolute 30 s budget is slower than the budgets
+expire: the starving backlog grows, the tick degenerates to FCFS with an F-chosen
+replica, and the bound is not kept either (docs/core.md, "Fairness"). A bound
+proportional to the FCFS wait scales with the depth of the pool by itself, so the
+same rule serves a deep pool (mostly BalanceRoute's order) and a shallow one (the FCFS
+wait is near 0 and the slack is the bound); the user need not know which they have.
+
+**TTFT budget** (``ttft_budget_s``, off by default): the request arrived (before its
+prefill) this many seconds ago; for latency-bound, shallow-pool deployments.
+
+Deadlines grow along the pool's FCFS order when requests enter in one batch (a
+saturated pool) or with ``factor = 1``; otherwise a later entry can fall due first and
+is reached once those ahead of it are placed (the scan stops at the first request no
+rule marks, after looking ``soft_scan`` requests further). Releases the policy did not
+make (cancellations, failed dispatches put back) are dated at the next tick, which can
+only make a wait look shorter.
 """
 
 from __future__ import annotations
@@ -41,15 +50,13 @@ from br_serve.core.types import PoolRequest
 
 @dataclass(frozen=True, slots=True)
 class AgeingRule:
-    """The three ageing rules' budgets (``None``: the rule is off); see the module."""
+    """The ageing budgets (``None``: the rule is off); see the module."""
 
     max_wait_beyond_fcfs_s: float | None = None
     ttft_budget_s: float | None = None
-    max_overtakes: int | None = None
-    max_wait_s: float = 2.0
-    max_wait_ticks: int = 32
     soft_share: float = 0.5
     soft_scan: int = 64
+    fcfs_wait_factor: float = 1.0
 
 
 def _share(waited_s: float, budget_s: float) -> float:
@@ -92,29 +99,31 @@ class Ageing:
         ``soft_share`` of one (place it first where it fits; at most ``soft_scan``)."""
         r = self.rule
         fcfs, ttft = r.max_wait_beyond_fcfs_s, r.ttft_budget_s
-        if fcfs is None and ttft is None and r.max_overtakes is None:
+        if fcfs is None and ttft is None:
             return
         released = pool.released
         self._note(released, now_s)  # releases made outside this policy's ticks
         soft_left = r.soft_scan
-        for req, rank, overtaken in pool.fcfs_ranks():
+        factor = r.fcfs_wait_factor
+        look = r.soft_scan if factor != 1.0 else 0  # deadlines may not grow along FCFS
+        for req, rank, _overtaken in pool.fcfs_ranks():
+            if ttft is None and released <= rank:
+                return  # its FCFS turn has not come, nor that of any later entry
             wait = -1.0  # the largest share of a budget the request has used
             if fcfs is not None and released > rank:
                 turn = self.released_at(rank + 1)
                 if turn is not None:
-                    wait = _share(now_s - turn, fcfs)
+                    base = req.enqueued_s + factor * (turn - req.enqueued_s)
+                    wait = _share(now_s - base, fcfs)
             if ttft is not None:
                 wait = max(wait, _share(now_s - req.arrival_s, ttft))
-            hard = wait >= 1.0
-            if not hard and r.max_overtakes is not None:
-                hard = overtaken >= r.max_overtakes and (
-                    now_s - req.enqueued_s >= r.max_wait_s
-                    or tick - req.enqueued_tick >= r.max_wait_ticks)
-            if hard:
+            if wait >= 1.0:
                 yield req, True
             elif wait >= r.soft_share and r.soft_share < 1.0 and soft_left > 0:
                 soft_left -= 1
                 yield req, False
+            elif look > 0:
+                look -= 1
             else:
                 return
 

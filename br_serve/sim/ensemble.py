@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from br_serve.sim.config import ENGINE_FIELDS, SimConfig
 from br_serve.sim.replays import Replay, make_replays
 from br_serve.sim.runner import Runner, RunSpec, Task
@@ -43,7 +45,13 @@ METRICS = (
     "admitted_vs_offered_prompt", "admitted_vs_offered_output",
     "drain_throughput_tok_s", "whole_run_throughput_tok_s", "makespan_s",
     "tick_p50_us", "tick_p99_us", "dyntralb_waiting_share",
+    "fcfs_replay_delay_s_p99", "fcfs_replay_delay_s_max",
+    "fcfs_rule_excess_s_p99", "fcfs_rule_excess_s_max",
 )
+
+#: the fairness rule reported against the baseline's replay of the same window
+#: (docs/core.md, "Fairness"): TTFT <= FCFS_RULE_FACTOR x the baseline's TTFT + slack
+FCFS_RULE_FACTOR = 2.0
 
 #: SimConfig fields that describe the contender rather than the cluster: the router's
 #: policy and the decode ranks' own scheduling (DyntraLB). Runs that differ only in
@@ -167,7 +175,12 @@ def assemble(specs: Sequence[RunSpec], reps: Sequence[Replay], rows: list[dict[s
         for r in range(k):
             grid[s][r].update(_pair(grid[s][r], None if b is None else grid[b][r],
                                     baseline))
+            grid[s][r].update(fcfs_replay_fairness(grid[s][r], None if b is None
+                                                   else grid[b][r]))
         ensemble.append(_row(spec, grid[s], None if b is None else grid[b], baseline))
+    for col in grid:
+        for run in col:
+            run.pop("_ttft_s", None)
     runs = [grid[s][r] for r in range(k) for s in range(p)]
     mode = ("stationary" if stationary is not None
             else "saturated" if specs[0].config.sim.saturated else "trace")
@@ -206,6 +219,30 @@ def _pair(run: dict[str, Any], base: dict[str, Any] | None,
              and bound > b else None)
     return {"baseline": baseline if base is not None else None,
             "gain_vs_baseline": gain, "headroom_share": share}
+
+
+def fcfs_replay_fairness(run: dict[str, Any], base: dict[str, Any] | None
+                         ) -> dict[str, float | None]:
+    """Each request's TTFT against its TTFT in the baseline's replay of the same
+    window (the baseline, ``jsq``, serves the pool in FCFS order): P99 and max of the
+    delay beyond it (``ttft - ttft_fcfs``) and of the excess over the stated rule
+    (``ttft - FCFS_RULE_FACTOR x ttft_fcfs``; the rule holds where it is <= its slack).
+    None without a baseline or per-request times."""
+    keys = ("fcfs_replay_delay_s_p99", "fcfs_replay_delay_s_max",
+            "fcfs_rule_excess_s_p99", "fcfs_rule_excess_s_max")
+    mine = run.get("_ttft_s")
+    theirs = None if base is None else base.get("_ttft_s")
+    if mine is None or theirs is None or len(mine) != len(theirs):
+        return dict.fromkeys(keys, None)
+    a, b = np.asarray(mine, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+    ok = np.isfinite(a) & np.isfinite(b)
+    if not ok.any():
+        return dict.fromkeys(keys, None)
+    delay = a[ok] - b[ok]
+    excess = a[ok] - FCFS_RULE_FACTOR * b[ok]
+    return dict(zip(keys, (float(np.percentile(delay, 99)), float(delay.max()),
+                           float(np.percentile(excess, 99)), float(excess.max())),
+                    strict=True))
 
 
 def _mean_se(vals: list[Any]) -> tuple[float | None, float | None]:

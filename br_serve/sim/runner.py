@@ -93,6 +93,10 @@ def run_task(job: _Job, task: Task) -> dict[str, Any]:
     res = simulate(trace, cfg, predictor=pred)
     row = (stationary_summary(res, job.stationary) if job.stationary is not None
            else res.summary())
+    first, _ = res.request_times()
+    # per request, for the pairing against the baseline's replay (removed from the row
+    # there): TTFT in seconds, NaN where it never got a first token
+    row["_ttft_s"] = (first - res.arrival_s).tolist()
     row.update(label=spec.name, replay=rep.index, replay_start=rep.start,
                replay_mode=rep.mode, rate_scale=task.rate_scale,
                offered_req_s=_rate(trace))

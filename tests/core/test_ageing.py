@@ -44,6 +44,25 @@ def test_wait_beyond_fcfs_counts_from_the_fcfs_turn() -> None:
     assert [r for r, _ in _tick(ag, pool, 500.0, [])] == ["r0"]
 
 
+def test_relative_rule_scales_with_the_fcfs_wait() -> None:
+    """Pool wait <= factor x FCFS wait + slack: r0 entered at 0, its FCFS turn came at
+    t = 5, so with factor 2 and slack 10 it is due at 2 x 5 + 10 = 20 (soft from 12.5)."""
+    ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=10.0, soft_share=0.25,
+                           fcfs_wait_factor=2.0))
+    pool = _pool([5000, 10, 10])
+    assert _tick(ag, pool, 5.0, ["r1"]) == []  # r0's turn: release 1 at t = 5
+    assert _tick(ag, pool, 12.0, []) == []  # base 10: 2 s of 10 into the slack
+    assert _tick(ag, pool, 12.5, []) == [("r0", False)]  # a quarter: lead time
+    assert _tick(ag, pool, 19.9, []) == [("r0", False)]
+    assert _tick(ag, pool, 20.0, []) == [("r0", True)]  # due
+    # with factor 1 the same history is due at 5 + 10 = 15
+    ag1 = Ageing(AgeingRule(max_wait_beyond_fcfs_s=10.0, soft_share=1.0))
+    pool1 = _pool([5000, 10, 10])
+    _tick(ag1, pool1, 5.0, ["r1"])
+    assert _tick(ag1, pool1, 14.9, []) == []
+    assert _tick(ag1, pool1, 15.0, []) == [("r0", True)]
+
+
 def test_ttft_budget_counts_from_arrival() -> None:
     ag = Ageing(AgeingRule(ttft_budget_s=4.0, soft_share=1.0))
     pool = _pool([100, 200], arrival_s=0.0)

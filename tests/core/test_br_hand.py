@@ -55,25 +55,18 @@ def test_starvation_guard_assigns_least_bad_request() -> None:
 def test_aged_request_goes_first_to_best_replica() -> None:
     cluster = ClusterSnapshot.build([1000, 100], [1, 1], 2)
     pool = PromptPool()
-    pool.add(PoolRequest("old", 5000, enqueued_tick=0))
-    for i in range(3):  # three newer requests overtake "old"
-        pool.add(PoolRequest(f"n{i}", 10, enqueued_tick=1))
-        pool.remove(f"n{i}")
-    pool.add(PoolRequest("new", 800, enqueued_tick=40))
-    assert [o for _, o in pool.fcfs_overtaken()] == [3, 0]
-    legacy = {"max_wait_ticks": 32, "max_wait_beyond_fcfs_s": None, "shallow_pool": False}
-    starving = build_policy("br0", {**legacy, "max_overtakes": 3})
-    res = starving.schedule(cluster, pool, 0.0, 40)
+    pool.add(PoolRequest("old", 5000, arrival_s=0.0, enqueued_tick=0))
+    pool.add(PoolRequest("new", 800, arrival_s=35.0, enqueued_tick=40))
+    rule = {"max_wait_beyond_fcfs_s": None, "shallow_pool": False, "ageing_soft_share": 1.0}
+    starving = build_policy("br0", {**rule, "ttft_budget_s": 30.0})
+    res = starving.schedule(cluster, pool, 40.0, 40)
     assert res.assignments[0].request_id == "old"
     assert res.assignments[0].replica == 1  # F higher where the margin is
     assert res.aged == 1
-    # Waited long but not overtaken enough: not starving, F decides (old overflows).
-    patient = build_policy("br0", {**legacy, "max_overtakes": 4})
-    res = patient.schedule(cluster, pool, 0.0, 40)
+    # Within its budget: not starving, F decides (old overflows).
+    patient = build_policy("br0", {**rule, "ttft_budget_s": 60.0})
+    res = patient.schedule(cluster, pool, 40.0, 40)
     assert res.aged == 0 and res.assignments[0].request_id == "new"
-    # Overtaken enough but not waited long: not starving either.
-    res = starving.schedule(cluster, pool, 0.0, 31)
-    assert res.aged == 0
 
 
 def test_brh_sees_a_finishing_request() -> None:

@@ -19,13 +19,13 @@ from br_serve.core.types import ClusterSnapshot, TickResult
 
 
 @dataclass(frozen=True, slots=True)
-class BR0Options(Options):
-    """Options of the two-stage tick (shared by BR-H, which extends them).
+class TickOptions(Options):
+    """Options of the two-stage tick, shared by BR-0 and BR-H (each extends them).
 
-    Ageing (:mod:`br_serve.core.ageing`): a pool request is placed first once its
-    FCFS turn passed ``max_wait_beyond_fcfs_s`` ago, or it arrived ``ttft_budget_s``
-    ago, or (the earlier rule) it waited ``max_wait_s`` / ``max_wait_ticks`` *and*
-    ``max_overtakes`` newer requests left before it. ``None`` turns a rule off.
+    Fairness (:mod:`br_serve.core.ageing`): a pool request is placed first once its
+    pool wait reaches ``fcfs_wait_factor`` x its FCFS pool wait +
+    ``max_wait_beyond_fcfs_s``, or it arrived ``ttft_budget_s`` ago. ``None`` turns a
+    rule off.
     """
 
     s_greedy: int | None = option(
@@ -34,24 +34,41 @@ class BR0Options(Options):
     r_max: int = option(4, ge=1, le=10, doc="Stage 2 candidates per replica (2^r_max - 1 "
                         "subsets are enumerated)")
     max_wait_beyond_fcfs_s: float | None = option(
-        30.0, ge=0, doc="ageing: place a request first once its FCFS turn passed this "
-        "many seconds ago (None: off)")
+        120.0, ge=0, doc="fairness slack: a request's pool wait is kept within "
+        "fcfs_wait_factor x its FCFS pool wait + this many seconds (None: no bound)")
+    fcfs_wait_factor: float = option(
+        2.0, ge=1, doc="fairness factor: the bound's multiple of the request's FCFS pool "
+        "wait (estimated online from the pool's release clock; 1: an absolute bound "
+        "on the wait beyond FCFS)")
     ttft_budget_s: float | None = option(
         None, ge=0, doc="ageing: place a request first once it arrived this many seconds "
         "ago (None: off; every request of a deep pool exceeds a small budget)")
     ageing_soft_share: float = option(
-        0.25, ge=0, le=1, doc="ageing: a request past this share of a budget is placed "
-        "first where it fits without overflow (1: off)")
+        0.25, ge=0, le=1, doc="fairness lead time: a request past this share of its "
+        "slack (or TTFT budget) is placed first where it fits without overflow (1: off)")
     ageing_soft_fill: float = option(
         0.5, ge=0, le=1, doc="ageing: such a request is placed first only where it fills "
         "at least this share of the replica's margin (its peak)")
-    max_overtakes: int | None = option(
-        None, ge=0, doc="ageing, earlier rule: newer requests that must have left the pool "
-        "before a request that waited max_wait_s or max_wait_ticks is forced (None: off)")
-    max_wait_s: float = option(2.0, gt=0, doc="ageing, earlier rule (with max_overtakes): "
-                               "seconds in the pool")
-    max_wait_ticks: int = option(32, ge=1, doc="ageing, earlier rule (with max_overtakes): "
-                                 "ticks in the pool")
+    shallow_pool: bool = option(
+        True, doc="when every pool request fits the free slots, place each (largest "
+        "first) on its best-F replica, ties to the least (projected) load")
+    hold_budget_ms: float = option(
+        0.0, ge=0, doc="shallow pool: hold a request that would overflow every open "
+        "replica for up to this long since it entered the pool (0: never hold)")
+
+    def resolved_s_greedy(self, replicas: int) -> int:
+        return replicas if self.s_greedy is None else self.s_greedy
+
+    def ageing_rule(self) -> AgeingRule:
+        return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
+                          soft_share=self.ageing_soft_share,
+                          fcfs_wait_factor=self.fcfs_wait_factor)
+
+
+@dataclass(frozen=True, slots=True)
+class BR0Options(TickOptions):
+    """The tick's options plus BR-0's time-aware stage (opt-in: ``cost="time"``)."""
+
     cost: Literal["tokens", "time"] = option(
         "tokens", doc="what the barrier balances: KV tokens (the paper), or each "
         "replica's modelled step time a_g L_g + c_g N_g + b_g in seconds")
@@ -73,21 +90,6 @@ class BR0Options(Options):
         "holds at least this share of the alive replicas' slots; in a shallower pool a "
         "straggler is idled, which keeps every step short (latency) where the deep "
         "pool's throughput is not at stake")
-
-    shallow_pool: bool = option(
-        True, doc="when every pool request fits the free slots, place each (largest "
-        "first) on its best-F replica, ties to the least (projected) load")
-    hold_budget_ms: float = option(
-        0.0, ge=0, doc="shallow pool: hold a request that would overflow every open "
-        "replica for up to this long since it entered the pool (0: never hold)")
-
-    def resolved_s_greedy(self, replicas: int) -> int:
-        return replicas if self.s_greedy is None else self.s_greedy
-
-    def ageing_rule(self) -> AgeingRule:
-        return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
-                          self.max_overtakes, self.max_wait_s, self.max_wait_ticks,
-                          self.ageing_soft_share)
 
 
 class ScalarScorer:

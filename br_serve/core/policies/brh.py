@@ -12,8 +12,8 @@ import numpy as np
 from br_serve.core.ageing import Ageing
 from br_serve.core.fscore import horizon_points, point_weights, projected_loads
 from br_serve.core.horizon import HorizonMargins, RefillMargins
-from br_serve.core.options import ConfigError, option
-from br_serve.core.policies.br0 import BR0Options, ScalarMargins
+from br_serve.core.options import option
+from br_serve.core.policies.br0 import ScalarMargins, TickOptions
 from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, register_policy
 from br_serve.core.pool import PromptPool
 from br_serve.core.predictor import SurvivesWindow, validate_prediction
@@ -23,8 +23,10 @@ from br_serve.core.types import ClusterSnapshot, FloatArray, IntArray, TickResul
 
 
 @dataclass(frozen=True, slots=True)
-class BRHOptions(BR0Options):
-    """BR-0's options plus the look-ahead's. ``horizon=0, alpha=1, beta=None`` is BR-0."""
+class BRHOptions(TickOptions):
+    """The tick's options plus the look-ahead's (BR-0's time-aware stage is not
+    among them: brh balances tokens and refuses ``cost`` and its options by name).
+    ``horizon=0, alpha=1, beta=None`` is BR-0."""
 
     horizon: int = option(800, ge=0, le=16384, doc="look-ahead window H in decode steps "
                           "(also the predictor's window); it must reach the lifetimes of "
@@ -57,11 +59,6 @@ class BRHOptions(BR0Options):
         "rather than by prompts, which BR-0's placement decides; None: no such rule)")
     max_refills: int | None = option(None, ge=0, doc="with refill: at most this many "
                                      "refills per tick (None: as many as the pool holds)")
-
-    def check(self) -> None:
-        if self.cost != "tokens":
-            raise ConfigError(f"cost: brh balances tokens only so far (got {self.cost!r}); "
-                              "use br0 for cost='time'")
 
 
 @register_policy("brh")
