@@ -23,6 +23,8 @@ from typing import Any
 
 from br_serve.bench import peers, peers_report
 from br_serve.bench.peers_routers import ARMS, Arm
+from br_serve.bench.remote_engines import REMOTE_MODEL, engine_processes
+from br_serve.bench.serve_bench import _measure_graph
 from br_serve.serve.cli import free_port, start_ray, stop_ray
 from br_serve.serve.config import parse_graph_config
 
@@ -96,14 +98,14 @@ def run_graph(protocol: str, base: Any, policy: str, depth: int, reqs: list[Any]
     """``peers.run_arm``'s graph branch with ``policy`` and ``pool.dispatch_ahead``
     (which only a remote-engine configuration accepts)."""
     t = time.perf_counter()
-    with peers.engine_processes(base, protocol) as (purl, durl):
+    with engine_processes(base, protocol) as (purl, durl):
         remote = parse_graph_config(base, engine=protocol, remote_prefill_urls=purl,
                                     remote_decode_urls=durl, remote_dp_size=base.replicas,
-                                    remote_model=peers.REMOTE_MODEL,
+                                    remote_model=REMOTE_MODEL,
                                     serve_app_name=f"gap_{protocol}", policy=policy,
                                     pool_dispatch_ahead=str(depth))
         since = peers._steps_now(durl)
-        graph = peers._measure_graph(remote, reqs, timeout_s, durl)
+        graph = _measure_graph(remote, reqs, timeout_s, durl)
         eng = peers.engine_metrics(durl, since)
     return {**peers.client_metrics(reqs), "engine": eng,
             "graph": {k: graph.get(k) for k in peers._GRAPH_KEYS},

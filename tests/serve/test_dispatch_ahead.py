@@ -37,7 +37,7 @@ def test_a_depth_for_engines_without_a_queue_is_refused_by_name(value: str) -> N
 
 
 def test_a_negative_depth_names_the_field() -> None:
-    with pytest.raises(GraphConfigError, match="pool.dispatch_ahead"):
+    with pytest.raises(GraphConfigError, match=r"pool\.dispatch_ahead"):
         parse_graph_config({**REMOTE, "pool_dispatch_ahead": "-1"})
 
 
