@@ -63,7 +63,15 @@ def main() -> int:
             for d in (depths if pol == pols[0] else depths[-1:]):
                 arms.append((protocol, Arm(f"graph:{pol}:d{d}", "graph", pol, (), pol), d))
         arms.append((protocol, ARMS[ROUTER[protocol]], None))
-    start_ray(2)
+    for attempt in range(4):  # Ray's node start-up times out (30 s) on a busy host
+        try:
+            start_ray(2)
+            break
+        except Exception as exc:
+            print(f"ray start-up failed ({exc}); attempt {attempt + 1}", flush=True)
+            stop_ray()
+            if attempt == 3:
+                raise
     rows: list[dict[str, Any]] = []
     try:
         for w in wins:

@@ -1,10 +1,14 @@
 """Research: the markdown tables of a ``research/gap_bench.py`` result (docs/peers.md,
-"The graph's slot turnover").  ``python research/gap_table.py results/peers/gap_servegen_g4.json``"""
+"The graph's slot turnover").
+
+    python research/gap_table.py results/peers/gap_servegen_g4.json
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from statistics import mean
 from typing import Any
 
@@ -35,7 +39,7 @@ def _g(g: dict[str, Any] | None) -> str:
 
 
 def main(path: str) -> None:
-    res = json.loads(open(path).read())
+    res = json.loads(Path(path).read_text())
     runs = [r for r in res["runs"] if "failed" not in r["measured"]]
     gains = {(g["protocol"], g["arm"], g["vs"]): g for g in res["gains"]}
     for protocol in dict.fromkeys(r["protocol"] for r in runs):
