@@ -28,6 +28,10 @@ from br_serve.engine.remote_spec import REMOTE_ENGINES, RemoteConfig
 API_KEY_ENV = "BR_SERVE_API_KEY"
 
 
+#: ``pool.dispatch_ahead`` when not given, with remote engines (which queue per rank)
+DISPATCH_AHEAD_REMOTE = 2
+
+
 class GraphConfigError(ValueError):
     """Invalid graph configuration; the message starts with the bad field's path."""
 
@@ -54,6 +58,16 @@ class ServePoolConfig(PoolConfig):
     prefill KV is released on the engine (cancel / abort) and the request is
     re-prefilled when it is bound. Keep it below the engine's own hold bound
     (``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT``, 480 s; SGLang's bootstrap timeout, 300 s)."""
+    dispatch_ahead: int | None = Field(default=None, ge=0, le=1024)
+    """Requests the scheduler may bind to a decode rank beyond its ``slots``: the
+    engine queues them and starts one at its next step boundary when a slot frees,
+    instead of the slot idling until the scheduler heard of the finish, ticked and the
+    decode call and KV pull went through. The policy sees ``slots + dispatch_ahead``
+    places per rank (a bound request counts in its rank's load from dispatch on), so it
+    still chooses which request and which rank; every other request stays in the pool
+    (late binding). None: 2 with remote engines (``engine.name=vllm|sglang``, which
+    queue per rank), 0 with the graph's own engines, which have no queue (a value > 0
+    is refused there)."""
 
 
 class TransportConfig(Section):
@@ -185,6 +199,9 @@ class GraphConfig(ClusterConfig):
         if isinstance(v, tuple) and len(v) != self.replicas:
             raise ValueError(f"engine.step_factor: {len(v)} values for {self.replicas} "
                              "replicas")
+        if not self.engine.is_remote and self.pool.dispatch_ahead:
+            raise ValueError(f"pool.dispatch_ahead: only for engine.name=vllm|sglang (the "
+                             f"engine {self.engine.name!r} has no queue per rank)")
         if self.predictor.simulator_only:
             raise ValueError(f"predictor.name: {self.predictor.name!r} reads true output "
                              "lengths, which only the simulator knows")
@@ -194,6 +211,17 @@ class GraphConfig(ClusterConfig):
     def is_remote(self) -> bool:
         """The engines run outside the graph (it proxies them)."""
         return self.engine.is_remote
+
+    def dispatch_ahead(self) -> int:
+        """``pool.dispatch_ahead`` resolved (None: 2 for remote engines, else 0)."""
+        if self.pool.dispatch_ahead is not None:
+            return self.pool.dispatch_ahead
+        return DISPATCH_AHEAD_REMOTE if self.engine.is_remote else 0
+
+    def places_per_replica(self) -> int:
+        """What the scheduler may bind to one decode rank: ``slots`` running plus
+        ``dispatch_ahead`` queued at the engine."""
+        return self.slots + self.dispatch_ahead()
 
     def replica_actor_options(self) -> dict[str, Any]:
         """Ray actor options of one prefill worker or decode replica.

@@ -101,7 +101,7 @@ class DecodeReplica:
         self._report_compute = cfg.policy.needs().calibrated_step_costs
         self._lock = threading.Lock()
         self._wake_step = threading.Condition(self._lock)
-        self.book = ReplicaBook(self.cfg.slots)
+        self.book = ReplicaBook(self.cfg.places_per_replica())
         self._clock = ReportClock(index)
         self._outbox: dict[str, list[WireEvent]] = collections.defaultdict(list)
         self._barrier: Barrier | None = None

@@ -63,8 +63,9 @@ class Scheduler(SchedulerIO):
         calib = (StepCalibrator(cfg.replicas, model)
                  if cfg.policy.needs().calibrated_step_costs else None)
         # the step counters price steps as the (emulated) engines run them
-        core = SchedulerCore(cfg.replicas, cfg.slots, cfg.pool.capacity, model, policy,
-                             detail, predictor, calibrator=calib,
+        # a rank's places: its slots plus the requests bound ahead (queued at the engine)
+        core = SchedulerCore(cfg.replicas, cfg.places_per_replica(), cfg.pool.capacity,
+                             model, policy, detail, predictor, calibrator=calib,
                              price_model=cfg.emulated_step_model(scaled=True),
                              kv_limit_tokens=cfg.kv_limit_tokens)
         self._io_init(cfg, decode_names, core)

@@ -1,0 +1,69 @@
+"""Research: the markdown tables of a ``research/gap_bench.py`` result (docs/peers.md,
+"The graph's slot turnover").
+
+    python research/gap_table.py results/peers/gap_servegen_g4.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+
+def _m(runs: list[dict[str, Any]], *path: str) -> float | None:
+    xs = []
+    for r in runs:
+        v: Any = r["measured"]
+        for p in path:
+            v = v.get(p) if isinstance(v, dict) else None
+        if isinstance(v, list):
+            v = mean(v)
+        if isinstance(v, int | float):
+            xs.append(float(v))
+    return mean(xs) if xs else None
+
+
+def _f(v: float | None, scale: float = 1.0, p: int = 1) -> str:
+    return "-" if v is None else f"{v * scale:.{p}f}"
+
+
+def _g(g: dict[str, Any] | None) -> str:
+    if not g:
+        return "-"
+    ci = g.get("ci95")
+    return (f"{g['mean'] * 100:+.1f}%" + (f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]"
+                                          if ci else "") + f" (n={g['n']})")
+
+
+def main(path: str) -> None:
+    res = json.loads(Path(path).read_text())
+    runs = [r for r in res["runs"] if "failed" not in r["measured"]]
+    gains = {(g["protocol"], g["arm"], g["vs"]): g for g in res["gains"]}
+    for protocol in dict.fromkeys(r["protocol"] for r in runs):
+        print(f"\n{protocol}: windows {sorted({r['window'] for r in runs})}\n")
+        print("| arm | output tok/s | TPOT P50/P95 ms | TTFT P50/P95 s | engine running "
+              "/ waiting per rank | engine imbalance tok | engine late s | host load |")
+        print("|---|---|---|---|---|---|---|---|")
+        arms = dict.fromkeys(r["arm"] for r in runs if r["protocol"] == protocol)
+        for arm in arms:
+            rs = [r for r in runs if r["protocol"] == protocol and r["arm"] == arm]
+            print(f"| {arm} | {_f(_m(rs, 'output_tok_s'))} | "
+                  f"{_f(_m(rs, 'tpot_p50_ms'))} / {_f(_m(rs, 'tpot_p95_ms'))} | "
+                  f"{_f(_m(rs, 'ttft_p50_ms'), 1e-3, 2)} / {_f(_m(rs, 'ttft_p95_ms'), 1e-3, 2)} | "
+                  f"{_f(_m(rs, 'engine', 'mean_running'), p=2)} / "
+                  f"{_f(_m(rs, 'engine', 'mean_waiting'), p=2)} | "
+                  f"{_f(_m(rs, 'engine', 'mean_imbalance_tokens'), p=0)} | "
+                  f"{_f(_m(rs, 'engine', 'late_s'))} | {_f(_m(rs, 'host_load_1m'))} |")
+        print("\n| arm | vs | output tok/s | TPOT P95 | TTFT P50 | TTFT P95 |")
+        print("|---|---|---|---|---|---|")
+        for (p, arm, vs), g in gains.items():
+            if p == protocol:
+                print(f"| {arm} | {vs} | {_g(g['output_tok_s'])} | {_g(g['tpot_p95_ms'])} | "
+                      f"{_g(g['ttft_p50_ms'])} | {_g(g['ttft_p95_ms'])} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

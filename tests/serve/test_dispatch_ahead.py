@@ -1,0 +1,115 @@
+"""Dispatch ahead (``pool.dispatch_ahead``): the scheduler binds up to ``slots + d``
+requests per decode rank, the engine queues the extra ones (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from br_serve.core import build_policy
+from br_serve.core.step import StepModel
+from br_serve.engine.base import SamplingParams
+from br_serve.serve.config import DISPATCH_AHEAD_REMOTE, GraphConfigError, parse_graph_config
+from br_serve.serve.replica.book import ReplicaBook
+from br_serve.serve.scheduler.core import SchedulerCore
+from br_serve.serve.wire.messages import Admission, AdmitReply, ReplicaReport
+from br_serve.transport.base import KVHandle
+
+REMOTE = {"engine": "sglang", "remote_prefill_urls": "http://127.0.0.1:1",
+          "remote_decode_urls": "http://127.0.0.1:2", "remote_dp_size": "2", "slots": "4"}
+
+
+def test_default_depth_is_remote_only_and_counts_in_the_places() -> None:
+    local = parse_graph_config({"slots": "4"})
+    assert local.dispatch_ahead() == 0 and local.places_per_replica() == 4
+    remote = parse_graph_config(REMOTE)
+    assert remote.dispatch_ahead() == DISPATCH_AHEAD_REMOTE > 0
+    assert remote.places_per_replica() == 4 + DISPATCH_AHEAD_REMOTE
+    off = parse_graph_config({**REMOTE, "pool_dispatch_ahead": "0"})
+    assert off.places_per_replica() == 4
+    assert parse_graph_config({**REMOTE, "pool.dispatch_ahead": "5"}).dispatch_ahead() == 5
+
+
+@pytest.mark.parametrize("value", ["1", "3"])
+def test_a_depth_for_engines_without_a_queue_is_refused_by_name(value: str) -> None:
+    with pytest.raises(GraphConfigError, match=r"^pool\.dispatch_ahead: only for engine"):
+        parse_graph_config({"slots": "4", "pool_dispatch_ahead": value})
+    assert parse_graph_config({"pool_dispatch_ahead": "0"}).dispatch_ahead() == 0
+
+
+def test_a_negative_depth_names_the_field() -> None:
+    with pytest.raises(GraphConfigError, match=r"pool\.dispatch_ahead"):
+        parse_graph_config({**REMOTE, "pool_dispatch_ahead": "-1"})
+
+
+def _admission(rid: str, prompt: int) -> Admission:
+    return Admission(rid, "o", prompt, 0, SamplingParams(max_tokens=4),
+                     KVHandle("fake", rid, prompt))
+
+
+def _report(g: int, running: tuple[str, ...], finished: tuple[str, ...], step: int
+            ) -> ReplicaReport:
+    return ReplicaReport(
+        replica=g, generation=0, step=step, load_tokens=0, running_ids=running,
+        prompt_tokens=(10,) * len(running), decoded_tokens=(1,) * len(running),
+        finished_ids=finished, finished_output_tokens=(2,) * len(finished), members=(),
+        barrier_loads=(), barrier_running=(), compute_s=0.0, barrier_s=0.0,
+        incarnation=f"i{g}", full=False)
+
+
+def _core(slots: int, depth: int) -> SchedulerCore:
+    core = SchedulerCore(2, slots + depth, 64, StepModel(1e-3, 0.01, 0.0),
+                         build_policy("jsq"), detail=False,
+                         clock=iter(range(10**6)).__next__)
+    for g in range(2):
+        core.mark_alive(g, f"i{g}")
+    return core
+
+
+def _tick_all(core: SchedulerCore) -> list[tuple[int, str]]:
+    out = []
+    for d in core.tick():
+        core.answered(d, AdmitReply("queued", 0, f"i{d.replica}"))
+        out.append((d.replica, d.admission.request_id))
+    return out
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_the_scheduler_binds_slots_plus_depth_per_rank_and_the_rest_waits(depth: int) -> None:
+    """With every slot busy, ``depth`` more per rank are bound (and count in the
+    rank's load, which the policy balances); the others stay in the pool until a
+    report frees a place; a finish frees one place, refilled at the next tick."""
+    slots = 2
+    core = _core(slots, depth)
+    for i in range(10):
+        assert core.submit(_admission(f"r{i}", 10 + i)) == "queued"
+    sent = _tick_all(core)
+    per_rank = [sum(1 for g, _ in sent if g == r) for r in range(2)]
+    assert per_rank == [slots + depth] * 2
+    assert len(core.pool) == 10 - 2 * (slots + depth)
+    st = core.state()
+    assert [r["free_slots"] for r in st["replicas"]] == [0, 0]
+    # the bound-ahead requests count in the load the policy sees
+    assert sum(r["load_tokens"] for r in st["replicas"]) == sum(
+        10 + int(rid[1:]) for _, rid in sent)
+    assert _tick_all(core) == []  # no place left: nothing more is bound
+    # rank 0 reports: its first `slots` run (the engine holds the rest queued), and one
+    # of them finished; exactly one place frees and the next tick binds one request
+    mine = [rid for g, rid in sent if g == 0]
+    core.on_report(_report(0, tuple(mine[1:]), (mine[0],), step=1))
+    again = _tick_all(core)
+    assert [g for g, _ in again] == [0]
+    assert len(core.pool) == 10 - 2 * (slots + depth) - 1
+
+
+def test_the_replica_book_takes_the_places_and_installs_every_taken_request() -> None:
+    """The book of a rank with ``slots + depth`` places accepts that many, refuses the
+    next (``full``: the scheduler puts it back), and hands every pulled one to the
+    engine, which queues what exceeds its slots."""
+    book = ReplicaBook(4 + 2)
+    for i in range(6):
+        assert book.accept(f"r{i}", "o") == "queued"
+        assert book.pulled(_admission(f"r{i}", 5), object())
+    assert book.accept("r6", "o") == "full"
+    installs, aborts = book.take_work()
+    assert [a.request_id for a, _ in installs] == [f"r{i}" for i in range(6)]
+    assert aborts == [] and book.taken() == 6
