@@ -13,6 +13,10 @@ Contract of a decode engine, driven by one decode replica actor:
 - ``running_ids`` / ``prompt_tokens_of`` / ``decoded_steps`` describe each admitted
   request (its load is ``prompt_tokens_of + decoded_steps``); the decode replica reports
   them to the scheduler's mirror.
+- ``capabilities`` (:class:`EngineCapabilities`) declares what an engine does beyond
+  that contract; the replica calls :meth:`DecodeEngine.nudge` and
+  :meth:`DecodeEngine.take_failures` only on an engine that declares them. Each engine
+  class states its own (the base declares none).
 Engines are not thread-safe; the owning actor serialises calls. ``admit`` raises
 ``ValueError`` for a request it cannot take (wrong KV size, duplicate id, bad params);
 any other exception is a fault of the engine (the replica stops and is replaced).
@@ -21,7 +25,7 @@ any other exception is a fault of the engine (the replica stops and is replaced)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,21 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EngineCapabilities:
+    """What a decode engine does beyond the base contract (all off by default).
+
+    ``wakes_on_admit``: its ``step`` may wait for tokens from elsewhere (a remote rank
+    does), and :meth:`DecodeEngine.nudge` ends that wait so that a new admission is
+    installed now rather than at the next token. ``fails_streams``: a request can fail
+    on its own, outside ``step``'s return value (a remote stream that breaks), and
+    :meth:`DecodeEngine.take_failures` hands those failures over after each step.
+    """
+
+    wakes_on_admit: bool = False
+    fails_streams: bool = False
+
+
 class PrefillEngine(Protocol):
     def count_tokens(self, prompt: str | list[int]) -> int: ...
 
@@ -78,6 +97,9 @@ class PrefillEngine(Protocol):
 
 
 class DecodeEngine(Protocol):
+    #: what this engine does beyond the contract; each engine class states its own
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities()
+
     def admit(self, request_id: str, kv: Any, prompt_tokens: int, first_token_id: int,
               params: SamplingParams) -> None: ...
 
@@ -94,6 +116,17 @@ class DecodeEngine(Protocol):
     def prompt_tokens_of(self, request_id: str) -> int: ...
 
     def decoded_steps(self, request_id: str) -> int: ...
+
+    def nudge(self) -> None:
+        """End a ``step``'s wait for tokens now (``capabilities.wakes_on_admit``; the
+        base's step never waits: nothing to do)."""
+        return None
+
+    def take_failures(self) -> list[tuple[str, str, bool]]:
+        """``(request_id, message, retryable)`` of the requests that failed since the last
+        call and no longer run here (``capabilities.fails_streams``; the base's requests
+        fail only through ``step``: none)."""
+        return []
 
 
 class Engine(PrefillEngine, DecodeEngine, Protocol):

@@ -25,12 +25,18 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from br_serve.core.step import StepModel
-from br_serve.engine.base import PrefillResult, SamplingParams, TokenEvent
+from br_serve.engine.base import (
+    Engine,
+    EngineCapabilities,
+    PrefillResult,
+    SamplingParams,
+    TokenEvent,
+)
 
 _MASK64 = (1 << 64) - 1
 
@@ -60,13 +66,17 @@ class _EmulatedRequest:
     max_tokens: int
 
 
-class EmulatedEngine:
+class EmulatedEngine(Engine):
     """Prefill + decode emulation; not thread-safe (the owning actor serialises calls).
 
     Raises:
         ValueError: empty prompt; admitting an id twice or a KV payload of the wrong
             size; ``max_tokens < 1``.
     """
+
+    #: nothing beyond the base contract: its step never waits, a request fails only
+    #: through ``step``
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities()
 
     name = "emulated"
 

@@ -35,9 +35,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from br_serve.engine.base import SamplingParams, TokenEvent
+from br_serve.engine.base import DecodeEngine, EngineCapabilities, SamplingParams, TokenEvent
 from br_serve.remote.client import RemoteEngineClient, Timeouts
 from br_serve.remote.errors import (
     EngineDisconnected,
@@ -73,9 +73,14 @@ class _Req:
     future: Future[None] | None = field(default=None, repr=False)
 
 
-class RemoteDecodeEngine:
+class RemoteDecodeEngine(DecodeEngine):
     """DP rank ``rank`` (pinned with ``pin``, or None for a server of its own) of the
     engine at ``url``. ``clock`` only times the waits of :meth:`step`."""
+
+    #: its step waits for the remote streams' tokens (an admission must wake it), and
+    #: a stream can break on its own (reported by :meth:`take_failures`)
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(wakes_on_admit=True,
+                                                                    fails_streams=True)
 
     def __init__(self, url: str, pin: int | None, timeouts: Timeouts | None = None,
                  api_key: str | None = None, *, gather_s: float = 0.004,

@@ -30,10 +30,16 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from br_serve.engine import device as devmod  # before torch: sets the autoload env
-from br_serve.engine.base import PrefillResult, SamplingParams, TokenEvent
+from br_serve.engine.base import (
+    Engine,
+    EngineCapabilities,
+    PrefillResult,
+    SamplingParams,
+    TokenEvent,
+)
 from br_serve.engine.sampling import TextStream, choose_tokens, make_generator, request_seed
 from br_serve.engine.tokenizer import load_tokenizer
 
@@ -63,8 +69,12 @@ def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
     return frozenset(ids)
 
 
-class TorchEngine:
+class TorchEngine(Engine):
     """A causal LM on cpu / cuda / npu implementing PrefillEngine and DecodeEngine."""
+
+    #: nothing beyond the base contract: its step never waits, a request fails only
+    #: through ``step``
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities()
 
     name = "torch"
 

@@ -1,16 +1,21 @@
-"""Create the graph's actors (scheduler, decode replicas, KV keeper) and replace a dead
-decode replica. Used by the ingress, which owns them: deleting the app removes them.
+"""The graph's actors (scheduler, decode replicas, KV keeper): created and owned by
+:class:`ActorOwner`, a one-replica Serve deployment of the graph (``Actors``), so that
+deleting the app removes them and the ingress, which only borrows their handles, can
+run with any number of replicas.
 
 Names are fixed per app (:func:`actor_names`), so a restarted scheduler finds the
 replicas, and a replacement takes the dead replica's name. The scheduler and the keeper
 restart in place (``max_restarts=-1``); a decode replica does not (its KV and barrier
-rank die with it): the ingress replaces it with a new actor (:func:`replace_decode`).
+rank die with it): the owner replaces it with a new actor (:func:`replace_decode`) when
+an ingress replica reports it lost (:meth:`ActorOwner.replace`; the first report of a
+death replaces it, later reports of the same death get the replacement).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -93,9 +98,9 @@ async def create_actors(cfg: GraphConfig, attempts: int = 40) -> GraphActors:
                 await asyncio.wait_for(handle.__ray_ready__.remote(), _START_S)
                 return handle
             except UNAVAILABLE as exc:  # a dead namesake: its name frees soon
-                log.warning("ingress: %s not up yet: %s", what, exc)
+                log.warning("graph actors: %s not up yet: %s", what, exc)
                 await asyncio.sleep(0.5)
-        raise RuntimeError(f"ingress: {what} did not come up in {attempts} tries")
+        raise RuntimeError(f"graph actors: {what} did not come up in {attempts} tries")
 
     keeper = await up(make_keeper, "kv keeper")
     decode = await asyncio.gather(*(up(m, f"decode replica {g}")
@@ -129,12 +134,59 @@ async def replace_decode(cfg: GraphConfig, g: int, old: Any, attempts: int = 40)
             continue
         try:
             await asyncio.wait_for(handle.ping.remote(), _START_S)
-            log.warning("ingress: decode replica %d replaced", g)
+            log.warning("graph actors: decode replica %d replaced", g)
             return handle
         except UNAVAILABLE as exc:
-            log.warning("ingress: replacement of decode replica %d not up yet: %s", g, exc)
+            log.warning("graph actors: replacement of decode replica %d not up yet: %s", g, exc)
         except BUG:
-            log.exception("ingress: replacement of decode replica %d raised in ping", g)
+            log.exception("graph actors: replacement of decode replica %d raised in ping", g)
             return handle
         await asyncio.sleep(0.5)
     raise RuntimeError(f"decode replica {g}: no replacement came up in {attempts} tries")
+
+
+def _actor_id(handle: Any) -> Any:
+    return handle._actor_id if hasattr(handle, "_actor_id") else id(handle)
+
+
+class ActorOwner:
+    """Creates the graph's actors and owns them (their lifetime is this replica's).
+
+    Wrapped as the one-replica Serve deployment ``Actors`` by
+    :func:`br_serve.serve.graph.build`; every ingress replica asks it for the handles
+    (:meth:`handles`) and for a replacement of a decode replica it lost
+    (:meth:`replace`).
+    """
+
+    # Serve awaits an async constructor (the replica is ready only when it returns)
+    async def __init__(self, cfg: GraphConfig) -> None:  # type: ignore[misc]
+        self.cfg = cfg
+        if cfg.is_remote:  # a clear error now, not a replica that never comes up
+            from br_serve.serve.prefill.remote import check_endpoints
+
+            remote = cfg.remote
+            await asyncio.to_thread(check_endpoints, remote.decode_urls, "remote.decode_urls",
+                                    remote.connect_s * 2, remote.api_key)
+        self.actors = await create_actors(cfg)
+        self._locks = [asyncio.Lock() for _ in range(cfg.replicas)]
+
+    async def handles(self) -> GraphActors:
+        """The current handles (a replaced decode replica's new one included)."""
+        return self.actors
+
+    async def replace(self, g: int, old: Any) -> Any:
+        """A live handle for decode replica ``g``, which the caller lost as ``old``: a new
+        actor if ``old`` is still the current one, else the one that replaced it.
+
+        Raises:
+            RuntimeError: no new actor came up (see :func:`replace_decode`).
+        """
+        async with self._locks[g]:
+            cur = self.actors.decode[g]
+            if _actor_id(cur) != _actor_id(old):
+                return cur  # another ingress replica's report replaced it already
+            new = await replace_decode(self.cfg, g, cur)
+            decode = list(self.actors.decode)
+            decode[g] = new
+            self.actors = dataclasses.replace(self.actors, decode=decode)
+            return new

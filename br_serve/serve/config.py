@@ -121,6 +121,9 @@ class ServeConfig(Section):
     it; set ``127.0.0.1`` when every decode replica runs on the ingress's node)."""
     namespace: str = "br_serve"
     """Ray namespace of the named actors."""
+    ingress_replicas: int = Field(default=1, ge=1)
+    """Replicas of the HTTP ingress (Serve's ``num_replicas``); each streams its own
+    requests, all share the graph's one scheduler and decode replicas."""
 
     @field_validator("api_key")
     @classmethod

@@ -1,11 +1,13 @@
 """Build and deploy the Ray Serve application (the only place that wires deployments).
 
 ``build(args)`` validates builder arguments (:class:`GraphConfig`) and returns the bound
-Serve application: Prefill (N replicas; in front of remote prefill servers with
-``engine=vllm|sglang``) -> Ingress (one replica, FastAPI). The ingress
-creates the scheduler and decode replica actors. ``deploy(cfg)`` starts Serve's HTTP
-proxy on ``cfg.serve.host:cfg.serve.port`` and runs the application (for the demo, tests and
-benchmarks; users run ``serve run graphs.balance_route:app``).
+Serve application: Actors (one replica: creates and owns the scheduler, decode replica
+and KV keeper actors, :class:`~br_serve.serve.actors.ActorOwner`) and Prefill (N
+replicas; in front of remote prefill servers with ``engine=vllm|sglang``) -> Ingress
+(``serve.ingress_replicas`` replicas, FastAPI), which borrows the actors' handles.
+``deploy(cfg)`` starts Serve's HTTP proxy on ``cfg.serve.host:cfg.serve.port`` and runs
+the application (for the demo, tests and benchmarks; users run
+``serve run graphs.balance_route:app``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
     """
     from ray import serve
 
+    from br_serve.serve.actors import ActorOwner
     from br_serve.serve.frontend.ingress import Ingress
     from br_serve.serve.prefill.remote import RemotePrefillWorker
     from br_serve.serve.prefill.worker import PrefillWorker
@@ -33,9 +36,12 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
     prefill = serve.deployment(worker, name="Prefill").options(  # type: ignore[attr-defined]
         num_replicas=cfg.prefill.replicas, ray_actor_options=cfg.replica_actor_options(),
         max_ongoing_requests=1000)
+    owner = serve.deployment(ActorOwner, name="Actors").options(  # type: ignore[attr-defined]
+        num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
     ingress = serve.deployment(Ingress, name="Ingress").options(  # type: ignore[attr-defined]
-        num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10000)
-    return ingress.bind(prefill.bind(cfg), cfg)
+        num_replicas=cfg.serve.ingress_replicas, ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=10000)
+    return ingress.bind(prefill.bind(cfg), owner.bind(cfg), cfg)
 
 
 def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) -> Any:
@@ -78,7 +84,7 @@ def failure_reasons(app_name: str) -> str:
 
 
 #: The deployments that make an application a BalanceRoute graph.
-GRAPH_DEPLOYMENTS = frozenset({"Ingress", "Prefill"})
+GRAPH_DEPLOYMENTS = frozenset({"Ingress", "Prefill", "Actors"})
 
 
 def pick_app(apps: Mapping[str, Any]) -> str:

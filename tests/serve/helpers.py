@@ -70,6 +70,7 @@ class StreamResult:
     error: str | None = None
     done: bool = False
     body: Any = None
+    id: str | None = None
 
 
 async def stream_completion(client: httpx.AsyncClient, path: str, payload: dict[str, Any],
@@ -89,6 +90,7 @@ async def stream_completion(client: httpx.AsyncClient, path: str, payload: dict[
                 res.done = True
                 break
             ev = json.loads(data)
+            res.id = ev.get("id", res.id)
             if "error" in ev:
                 res.error = ev["error"]["message"]
                 continue

@@ -208,7 +208,7 @@ def test_unknown_device_names_the_field() -> None:
 def test_pick_app_finds_the_one_graph_or_says_why() -> None:
     from br_serve.serve.graph import pick_app
 
-    graph = ["Ingress", "Prefill"]
+    graph = ["Actors", "Ingress", "Prefill"]
     assert pick_app({"default": graph, "other": ["Api"]}) == "default"
     with pytest.raises(LookupError, match=r"several .*\['a', 'b'\]"):
         pick_app({"a": graph, "b": graph})

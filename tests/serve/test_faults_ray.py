@@ -6,7 +6,7 @@ tokens or with an explicit error event after a correct prefix (or, for the ingre
 replica itself, a closed connection); (2) the app serves again without a redeploy: the
 barrier group has all G members again and new streams are exact; (3) once idle, no
 slot is held: every replica shows 0 running and all slots free, the pool and the
-in-flight set are empty. The ingress kill runs last (it restarts the whole graph).
+in-flight set are empty. The ingress kill runs last.
 
 Before this module's fixes: a burst with disconnects left phantom running requests
 (leaked slots); a scheduler restart after a replica death never became ready and hung
@@ -261,7 +261,8 @@ def test_kv_keeper_killed(port: int) -> None:
 
 
 def test_ingress_replica_killed(port: int) -> None:
-    """Last: the ingress owns the actors, so Serve's restart of it builds a new graph."""
+    """Last: the graph's actors belong to its ``Actors`` deployment, so they outlive the
+    ingress replica; Serve restarts it and the new one borrows the same actors."""
     import ray
 
     def fault() -> None:

@@ -15,9 +15,11 @@ no decode replica alive.
 
 Handle API: :meth:`Ingress.generate_stream` (see its docstring).
 
-The first ingress replica creates the scheduler, decode replica and KV keeper actors
-(named, in the graph's namespace, owned by it: deleting the app removes them; see
-:mod:`br_serve.serve.actors`). Its constructor returns only when the graph would serve
+The scheduler, decode replica and KV keeper actors belong to the graph's ``Actors``
+deployment (:class:`br_serve.serve.actors.ActorOwner`); each ingress replica borrows
+their handles from it and asks it to replace a decode replica it lost, so the ingress
+runs with any number of replicas (``serve.ingress_replicas``), each with its own
+streams. Its constructor returns only when the graph would serve
 a request (the scheduler has formed the barrier group, and one warm-up request went
 through prefill, the pool, a decode replica and back), so Serve, and ``serve run``,
 report the app ready only then.
@@ -40,7 +42,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from br_serve.serve.actors import create_actors, replace_decode
+from br_serve.serve.actors import GraphActors
 from br_serve.serve.config import GraphConfig
 from br_serve.serve.frontend import openai_api as oa
 from br_serve.serve.frontend.responses import ClosingStreamingResponse
@@ -161,22 +163,14 @@ class Ingress:
     """OpenAI-compatible ingress (a Serve deployment built by :mod:`br_serve.serve.graph`)."""
 
     # Serve awaits an async constructor (the replica is ready only when it returns)
-    async def __init__(self, prefill: Any, cfg: GraphConfig) -> None:  # type: ignore[misc]
+    async def __init__(self, prefill: Any, owner: Any,  # type: ignore[misc]
+                       cfg: GraphConfig) -> None:
         self.cfg = cfg
         self.api_key = self.cfg.resolved_api_key()
-        if self.cfg.is_remote:  # a clear error now, not a replica that never comes up
-            import asyncio
-
-            from br_serve.serve.prefill.remote import check_endpoints
-
-            remote = self.cfg.remote
-            await asyncio.to_thread(check_endpoints, remote.decode_urls, "remote.decode_urls",
-                                    remote.connect_s * 2, remote.api_key)
-        actors = await create_actors(self.cfg)
-        cfg = self.cfg
+        actors: GraphActors = await owner.handles.remote()
 
         async def replace(g: int, old: Any) -> Any:
-            return await replace_decode(cfg, g, old)
+            return await owner.replace.remote(g, old)
 
         self.streamer = Streamer(self.cfg, prefill, actors.scheduler, actors.decode,
                                  KVLease(None, keeper=actors.keeper), replace,

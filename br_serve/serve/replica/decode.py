@@ -92,9 +92,8 @@ class DecodeReplica:
                                             api_key=cfg.remote.api_key),
                              find_keeper=lambda: get_keeper(cfg.serve.app_name,
                                                             cfg.serve.namespace, 5.0))
-        # a remote rank's capabilities (local engines have neither): resolved once
-        self._nudge: Any = getattr(self.engine, "nudge", None)
-        self._take_failures: Any = getattr(self.engine, "take_failures", None)
+        #: what the engine declares beyond the base contract (a remote rank: both)
+        self._caps = self.engine.capabilities
         self.backend = collective_backend_for(cfg.engine.device)
         #: whether rank 0's reports carry every member's step compute time (only the
         #: scheduler's online calibration reads it)
@@ -183,8 +182,8 @@ class DecodeReplica:
             taken = self.book.pulled(item, kv)  # False: aborted meanwhile (dropped)
             step = self._step
             self._wake_step.notify_all()
-        if self._nudge is not None:  # a remote rank's step may be waiting for tokens
-            self._nudge()
+        if self._caps.wakes_on_admit:  # a remote rank's step may be waiting for tokens
+            self.engine.nudge()
         # taken: the engine frees a remote source itself once it pulled it
         self.lease.release(item.kv, consumed=taken)
         return AdmitReply("queued", step, self.incarnation)
@@ -354,7 +353,7 @@ class DecodeReplica:
         t0 = time.perf_counter()
         events = self.engine.step()
         t1 = time.perf_counter()
-        failures = self._take_failures() if self._take_failures is not None else []
+        failures = self.engine.take_failures() if self._caps.fails_streams else []
         with self._lock:
             by_owner = self.book.route(events)
             for rid, message, retryable in failures:  # a remote stream that broke
