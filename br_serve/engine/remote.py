@@ -335,6 +335,8 @@ class RemoteDecodeEngine:
             return False
 
     def _spawn_release(self, ticket: RemoteTicket) -> None:
+        if ticket.prompt_keyed:  # nothing held on the prefill server
+            return
         self._loop.create_task(self._release(ticket))
 
     async def _release(self, ticket: RemoteTicket) -> None:
