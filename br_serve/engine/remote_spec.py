@@ -63,7 +63,9 @@ class RemoteConfig(BaseModel):
     """vllm/sglang: DP ranks behind the single URL of ``decode_urls`` (pinned per
     request); unset: one URL per rank. Sets ``replicas``."""
     model: str | None = None
-    """vllm/sglang: the model name sent to the engines (unset: ``serve.model``)."""
+    """vllm/sglang: the model name sent to the engines (unset: the one model every
+    prefill and decode server lists at ``GET /v1/models``, asked when the graph is
+    built; servers that list different models are refused, naming them)."""
     kv_handoff: KvHandoff = "auto"
     """vllm: how the decode finds the prefill's KV. ``params``: the prefill answer must
     carry ``kv_transfer_params`` (NixlConnector, P2P Mooncake, vllm-ascend's connectors),
