@@ -6,7 +6,6 @@ Every error is a ``ValueError`` whose message starts with the bad field's CLI na
 from __future__ import annotations
 
 import os
-
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal

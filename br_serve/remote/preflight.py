@@ -16,6 +16,7 @@ fails at once with a message naming the cause, instead of a warm-up that retries
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,10 +140,8 @@ def probe_vllm_prefill(http: Any, name: str, url: str, model: str,
     except ValueError as exc:
         raise PreflightError(f"{name}: {exc}") from None
     # the probe's KV is held until a decode pulls it: free it (404: nothing held)
-    try:
+    with contextlib.suppress(httpx.HTTPError):
         http.post(f"{url}/v1/requests/{request_id}/cancel")
-    except httpx.HTTPError:
-        pass
     if kv_handoff == "prompt":
         raise PreflightError(f"{name}: the prefill answer carries kv_transfer_params, and "
                              "remote.kv_handoff is 'prompt' (set it to 'params' or 'auto')")

@@ -31,9 +31,9 @@ def test_discovers_the_one_model_every_engine_serves() -> None:
 
 def test_engines_serving_different_models_are_refused_by_name() -> None:
     with servers(config("vllm", "prefill", model="tiny-a"),
-                 config("vllm", "decode", model="tiny-b")) as (p, d):
-        with pytest.raises(PreflightError) as err:
-            preflight("vllm", [p.url], [d.url], None, "auto")
+                 config("vllm", "decode", model="tiny-b")) as (p, d), \
+            pytest.raises(PreflightError) as err:
+        preflight("vllm", [p.url], [d.url], None, "auto")
     msg = str(err.value)
     assert "serve different models" in msg, msg
     assert f"remote.prefill_urls[0] {p.url} serves ['tiny-a']" in msg, msg
@@ -41,9 +41,9 @@ def test_engines_serving_different_models_are_refused_by_name() -> None:
 
 
 def test_a_named_model_that_an_engine_does_not_serve_is_refused() -> None:
-    with servers(config("vllm", "prefill"), config("vllm", "decode")) as (p, d):
-        with pytest.raises(PreflightError) as err:
-            preflight("vllm", [p.url], [d.url], "br-emulated", "auto")
+    with servers(config("vllm", "prefill"), config("vllm", "decode")) as (p, d), \
+            pytest.raises(PreflightError) as err:
+        preflight("vllm", [p.url], [d.url], "br-emulated", "auto")
     msg = str(err.value)
     assert "remote.model: 'br-emulated' is not served by" in msg, msg
     assert f"{p.url} serves ['emulated']" in msg, msg
@@ -80,7 +80,7 @@ def test_params_mode_refuses_a_prompt_keyed_prefill(tmp_path: Path) -> None:
 
 def test_prompt_mode_refuses_a_prefill_that_returns_params() -> None:
     with servers(config("vllm", "prefill"), config("vllm", "decode")) as (p, d):
-        with pytest.raises(PreflightError, match="remote.kv_handoff is 'prompt'"):
+        with pytest.raises(PreflightError, match=r"remote\.kv_handoff is 'prompt'"):
             preflight("vllm", [p.url], [d.url], None, "prompt")
         assert preflight("vllm", [p.url], [d.url], None, "params").kv_handoff == "params"
         # the probe's KV hold was released on the prefill emulator
@@ -106,7 +106,7 @@ def test_prompt_keyed_handoff_end_to_end(tmp_path: Path) -> None:
 
     async def run(p: str, d: str) -> tuple[list[str], list[str], str]:
         async with RemoteEngineClient() as c:
-            with pytest.raises(EngineProtocolError, match="remote.kv_handoff=prompt"):
+            with pytest.raises(EngineProtocolError, match=r"remote\.kv_handoff=prompt"):
                 await c.vllm_prefill(p, body, "r0", kv_handoff="params")
             pre = await c.vllm_prefill(p, body, "r1", kv_handoff="auto")
             assert pre.kv_transfer_params is None
