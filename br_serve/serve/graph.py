@@ -72,9 +72,10 @@ def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) ->
     once the scheduler is ready (replicas found, barrier group formed)."""
     from ray import serve
 
+    app = build(cfg)  # the remote preflight fails here, before Serve starts
     serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
     try:
-        handle = serve.run(build(cfg), name=cfg.serve.app_name, route_prefix=route_prefix,
+        handle = serve.run(app, name=cfg.serve.app_name, route_prefix=route_prefix,
                            blocking=blocking)
     except RuntimeError as exc:
         # Serve's own message names only the failed deployments; the reason (e.g.
