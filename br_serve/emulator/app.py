@@ -251,6 +251,7 @@ class Emulator:
                           "running": core.running_count(g), "waiting": core.waiting_count(g),
                           "load_tokens": core.load_tokens(g), "max_running": c.max_running,
                           "kv_pulls": self.counters.kv_pulls[g],
+                          "kv_recomputes": self.counters.kv_recomputes[g],
                           "prefills": self.counters.prefills[g],
                           "prefill_ids": list(self.counters.prefill_ids[g]),
                           "dropped": g in self.dropped, "stalled": g in self.stalled})

@@ -74,6 +74,10 @@ def register(subparsers: Any) -> None:
                    help="serve POST /emulator/fault to drop or stall a rank")
     p.add_argument("--engine-id", default=None)
     p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--kv-store-dir", default=None,
+                   help="vllm: a prompt-keyed KV connector on this shared directory (as "
+                        "vLLM's ExampleConnector): prefill answers kv_transfer_params null, "
+                        "decode takes requests without them")
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_run)
@@ -94,7 +98,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         twin_timeout_s=args.twin_timeout_s, api_key=args.api_key,
         strict_fields=args.strict_fields,
         enable_fault_injection=args.enable_fault_injection, engine_id=args.engine_id,
-        block_size=args.block_size)
+        block_size=args.block_size, kv_store_dir=args.kv_store_dir)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ Every error is a ``ValueError`` whose message starts with the bad field's CLI na
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -83,6 +84,7 @@ class EmulatorConfig:
     enable_fault_injection: bool = False
     engine_id: str | None = None
     block_size: int = 128
+    kv_store_dir: str | None = None
     vocab_size: int = 32000
     _model: StepModel = field(init=False, repr=False, compare=False)
 
@@ -95,6 +97,12 @@ class EmulatorConfig:
         last = self.port + (self.dp_size - 1 if self.port_per_rank else 0)
         _check(self.port >= 1 and last <= 65535, "--port", "ports must lie in 1..65535",
                self.port)
+        if self.kv_store_dir is not None:
+            if self.protocol != "vllm":
+                raise ValueError("--kv-store-dir: a prompt-keyed connector is the vllm "
+                                 "protocol's (SGLang moves KV by bootstrap room)")
+            if not os.path.isdir(self.kv_store_dir):
+                raise ValueError(f"--kv-store-dir: {self.kv_store_dir!r} is not a directory")
         if self.port_per_rank and self.protocol != "vllm":
             raise ValueError("--port-per-rank: only the vllm protocol has one API server "
                              "per DP rank (SGLang pins ranks with routed_dp_rank)")

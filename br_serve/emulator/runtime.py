@@ -197,6 +197,8 @@ class Counters:
         #: request fields accepted and ignored (not modelled), by name
         self.ignored_fields: dict[str, int] = {}
         self.kv_pulls = [0] * dp_size
+        #: prompt-keyed decodes that found no stored KV and computed the prompt
+        self.kv_recomputes = [0] * dp_size
         self.prefills = [0] * dp_size
         self.prefill_ids: list[list[str]] = [[] for _ in range(dp_size)]
         self.inflight_prefills = [0] * dp_size

@@ -22,6 +22,13 @@ Follows docs/engine-contracts.md ("vLLM"):
 - Rank pinning: the ``X-data-parallel-rank`` header on a single server for all ranks
   (no header: vLLM's DP balancer, least ``4 * waiting + running``), or one server per
   rank (``port_per_rank``; a header naming another rank is refused).
+- Prompt-keyed connector (``kv_store_dir``, the stand-in for vLLM's ExampleConnector
+  on a shared directory; also LMCache, store-based Mooncake): a prefill stores a file
+  keyed by the model and prompt and answers ``"kv_transfer_params": null``; a decode
+  request without transfer parameters loads that file if it is there (``kv_pulls``)
+  or recomputes (``kv_recomputes``, as the connector does on a miss). Files are never
+  deleted (as ExampleConnector). Without ``kv_store_dir`` both requests need the
+  parameters, as above.
 - ``GET /version`` (smg's runtime probe); unknown request fields are accepted, logged at
   debug level and counted, as vLLM's request models do (``--strict-fields`` refuses).
 - ``GET /metrics``: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
@@ -32,8 +39,11 @@ Follows docs/engine-contracts.md ("vLLM"):
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
+import os
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -60,6 +70,13 @@ VERSION = "0.0.0+emulated"
 _REQUIRED = ("remote_engine_id", "remote_request_id", "remote_block_ids", "remote_host",
              "remote_port")
 _EXTRA = frozenset({"kv_transfer_params"})
+
+
+def prompt_key(body: dict[str, Any], model: str) -> str:
+    """The file name a prompt-keyed connector stores a prompt's KV under."""
+    prompt = body.get("messages") if "messages" in body else body.get("prompt")
+    raw = json.dumps([model, prompt], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(raw.encode()).hexdigest() + ".kv"
 
 
 def error_body(exc: ApiError) -> dict[str, Any]:
@@ -106,7 +123,9 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
 
     async def prefill(request: Request, body: dict[str, Any], chat: bool) -> Response:
         ktp = body.get("kv_transfer_params")
-        if not isinstance(ktp, dict) or ktp.get("do_remote_decode") is not True:
+        store = cfg.kv_store_dir
+        if store is None and (not isinstance(ktp, dict)
+                              or ktp.get("do_remote_decode") is not True):
             raise ApiError(400, "kv_transfer_params: a prefill (kv_producer) request needs "
                                 "do_remote_decode: true", "kv_transfer_params")
         req = emu.parse(body, chat, _EXTRA, True)
@@ -120,6 +139,16 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         ext = external_id(request, "cmpl")
         key = emu.new_id("prefill")
         await emu.run_prefill(request, g, req.prompt_tokens)
+        if store is not None:
+            tid, text = first_token(req.seed, req.prompt_tokens, cfg.vocab_size)
+            with open(os.path.join(store, prompt_key(body, req.model)), "w") as f:
+                f.write(f"{req.prompt_tokens}\n")
+            emu.counters.prefills[g] += 1
+            emu.counters.prefill_ids[g].append(ext)
+            emu.counters.prompt_tokens[g] += req.prompt_tokens
+            return JSONResponse(completion_body(
+                f"{'chatcmpl' if chat else 'cmpl'}-{ext}", req, text, 1, SPEC.choice_extra,
+                kv_transfer_params=None))
         n_blocks = math.ceil(req.prompt_tokens / cfg.block_size)
         block_ids = [next(blocks) for _ in range(n_blocks)]
         tid, text = first_token(req.seed, req.prompt_tokens, cfg.vocab_size)
@@ -143,6 +172,8 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
 
     async def decode(request: Request, body: dict[str, Any], chat: bool) -> Response:
         ktp = body.get("kv_transfer_params")
+        if ktp is None and cfg.kv_store_dir is not None:
+            return await prompt_keyed_decode(request, body, chat)
         if not isinstance(ktp, dict) or ktp.get("do_remote_prefill") is not True:
             raise ApiError(400, "kv_transfer_params: a decode (kv_consumer) request needs "
                                 "the prefill's parameters with do_remote_prefill: true",
@@ -168,6 +199,23 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
                      "prompt_tokens": req.prompt_tokens}
         await emu.pull_from_twin(host, port, key, presented, cfg.wait_s)
         emu.counters.kv_pulls[g] += 1
+        emu.counters.prompt_tokens[g] += req.prompt_tokens
+        ext = external_id(request, "cmpl")
+        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
+        emu.counters.internal_id[ext] = rid
+        prefix = "chatcmpl" if chat else "cmpl"
+        return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
+
+    async def prompt_keyed_decode(request: Request, body: dict[str, Any],
+                                  chat: bool) -> Response:
+        req: ParsedRequest = emu.parse(body, chat, _EXTRA, True)
+        g = pinned_rank(request)
+        emu.check_rank_alive(g)
+        assert cfg.kv_store_dir is not None
+        if os.path.exists(os.path.join(cfg.kv_store_dir, prompt_key(body, req.model))):
+            emu.counters.kv_pulls[g] += 1
+        else:  # the connector's miss: the decode server computes the prompt itself
+            emu.counters.kv_recomputes[g] += 1
         emu.counters.prompt_tokens[g] += req.prompt_tokens
         ext = external_id(request, "cmpl")
         rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)

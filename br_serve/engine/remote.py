@@ -340,6 +340,8 @@ class RemoteDecodeEngine(DecodeEngine):
             return False
 
     def _spawn_release(self, ticket: RemoteTicket) -> None:
+        if ticket.prompt_keyed:  # nothing held on the prefill server
+            return
         self._loop.create_task(self._release(ticket))
 
     async def _release(self, ticket: RemoteTicket) -> None:

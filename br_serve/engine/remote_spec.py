@@ -11,7 +11,7 @@ The contracts are in docs/engine-contracts.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,6 +20,9 @@ from br_serve.remote.requests import KEEPALIVE_S
 
 #: The engines that run outside the graph.
 REMOTE_ENGINES = ("vllm", "sglang")
+
+#: How a vLLM decode server finds the KV a prefill server computed.
+KvHandoff = Literal["auto", "params", "prompt"]
 
 
 def split_url(url: str) -> tuple[str, int]:
@@ -60,7 +63,17 @@ class RemoteConfig(BaseModel):
     """vllm/sglang: DP ranks behind the single URL of ``decode_urls`` (pinned per
     request); unset: one URL per rank. Sets ``replicas``."""
     model: str | None = None
-    """vllm/sglang: the model name sent to the engines (unset: ``serve.model``)."""
+    """vllm/sglang: the model name sent to the engines (unset: the one model every
+    prefill and decode server lists at ``GET /v1/models``, asked when the graph is
+    built; servers that list different models are refused, naming them)."""
+    kv_handoff: KvHandoff = "auto"
+    """vllm: how the decode finds the prefill's KV. ``params``: the prefill answer must
+    carry ``kv_transfer_params`` (NixlConnector, P2P Mooncake, vllm-ascend's connectors),
+    which the decode request carries back. ``prompt``: the connector stores the KV keyed
+    by the prompt (ExampleConnector, LMCache, store-based Mooncake); its prefill answer
+    has ``kv_transfer_params: null`` and the decode request is the same prompt without
+    them. ``auto``: each prefill answer decides (parameters present: ``params``, none:
+    ``prompt``). SGLang moves KV by its bootstrap room: only ``auto`` applies."""
     api_key: str | None = None
     """vllm/sglang: bearer key of the engines' own ``--api-key``."""
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
@@ -112,6 +125,9 @@ class RemoteConfig(BaseModel):
                 raise ValueError("decode_urls: SGLang serves its DP ranks from one server; "
                                  "give one URL and dp_size")
             ranks = len(self.decode_urls)
+        if engine == "sglang" and self.kv_handoff != "auto":
+            raise ValueError(f"kv_handoff: {self.kv_handoff!r} is for vLLM; SGLang moves "
+                             "the KV by its bootstrap room (leave it at 'auto')")
         if replicas is not None and replicas != ranks:
             raise ValueError(f"replicas: {replicas} does not match the {ranks} decode "
                              "ranks of remote.decode_urls / remote.dp_size (leave it out)")

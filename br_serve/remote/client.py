@@ -144,15 +144,29 @@ class RemoteEngineClient:
 
     # -- prefill -------------------------------------------------------------------------
     async def vllm_prefill(self, base_url: str, body: Mapping[str, Any], request_id: str,
-                           chat: bool = False, rank: int | None = None) -> PrefillResult:
-        """Prefill on a vLLM ``kv_producer``; returns the decode's transfer parameters."""
+                           chat: bool = False, rank: int | None = None,
+                           kv_handoff: str = "params") -> PrefillResult:
+        """Prefill on a vLLM ``kv_producer``; returns the decode's transfer parameters.
+
+        ``kv_handoff`` (``remote.kv_handoff``): ``params`` requires them in the answer,
+        ``prompt`` requires none (a prompt-keyed connector), ``auto`` takes either
+        (``kv_transfer_params`` None: none came)."""
         url = base_url + endpoint_path(chat)
         pbody, headers = vllm_prefill_request(body, request_id, rank)
         answer = await self.request_json("POST", url, pbody, headers)
+        raw = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if raw is None and kv_handoff != "params":
+            return _prefill_result(url, request_id, answer, None)
+        if raw is not None and kv_handoff == "prompt":
+            raise EngineProtocolError(url, "kv_transfer_params: the prefill answer carries "
+                                           "them but remote.kv_handoff is 'prompt' (set it "
+                                           "to 'params' or 'auto')")
         try:
-            params = check_vllm_kv_params(answer.get("kv_transfer_params"))
+            params = check_vllm_kv_params(raw)
         except (ValueError, AttributeError) as exc:
-            raise EngineProtocolError(url, str(exc)) from None
+            hint = (" (a prompt-keyed connector such as ExampleConnector or LMCache: set "
+                    "remote.kv_handoff=prompt or auto)" if raw is None else "")
+            raise EngineProtocolError(url, f"{exc}{hint}") from None
         return _prefill_result(url, request_id, answer, params)
 
     async def sglang_prefill(self, base_url: str, body: Mapping[str, Any],

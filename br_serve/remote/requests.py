@@ -98,16 +98,21 @@ def check_vllm_kv_params(params: Any) -> dict[str, Any]:
     return dict(params)
 
 
-def vllm_decode_request(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any],
+def vllm_decode_request(body: Mapping[str, Any],
+                        kv_transfer_params: Mapping[str, Any] | None,
                         request_id: str, rank: int | None = None,
                         stream: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(body, headers)`` of the decode call carrying the prefill's parameters.
+    """``(body, headers)`` of the decode call carrying the prefill's parameters
+    (``None``: a prompt-keyed connector; the call is the same prompt without them).
 
     ``rank``: pin to this DP rank with ``X-data-parallel-rank`` (``None`` when the
     server runs one rank, or to let vLLM's balancer choose).
     """
     out = dict(body)
-    out["kv_transfer_params"] = check_vllm_kv_params(dict(kv_transfer_params))
+    if kv_transfer_params is not None:
+        out["kv_transfer_params"] = check_vllm_kv_params(dict(kv_transfer_params))
+    else:  # a prompt-keyed connector: the same prompt finds the KV
+        out.pop("kv_transfer_params", None)
     out["stream"] = stream
     if stream:
         out["stream_options"] = dict(STREAM_OPTIONS)

@@ -70,7 +70,9 @@ class RemoteTicket:
 
     ``request_id``: the id the prefill call carried (``X-Request-Id`` / ``rid``), which
     ``cancel`` / ``abort_request`` name. ``kv_transfer_params`` (vLLM) or
-    ``bootstrap`` (SGLang) says where the decode finds the KV. ``prompt_tokens`` is the
+    ``bootstrap`` (SGLang) says where the decode finds the KV; a vLLM ticket without
+    parameters is a prompt-keyed connector's (``remote.kv_handoff`` ``prompt``): the
+    decode call is the same prompt, and nothing is held to release. ``prompt_tokens`` is the
     engine's count (vLLM) or an estimate (SGLang, corrected from the decode stream).
     """
 
@@ -84,8 +86,6 @@ class RemoteTicket:
     prefill_rank: int | None = field(default=None)
 
     def __post_init__(self) -> None:
-        if self.protocol == "vllm" and self.kv_transfer_params is None:
-            raise ValueError("ticket: a vLLM ticket needs kv_transfer_params")
         if self.protocol == "sglang" and self.bootstrap is None:
             raise ValueError("ticket: an SGLang ticket needs a bootstrap")
 
@@ -93,10 +93,14 @@ class RemoteTicket:
                     rank: int | None) -> tuple[dict[str, Any], dict[str, str]]:
         """``(body, headers)`` of the streamed decode call on DP rank ``rank``."""
         if self.protocol == "vllm":
-            assert self.kv_transfer_params is not None
             return vllm_decode_request(self.body, self.kv_transfer_params, decode_id, rank)
         assert self.bootstrap is not None
         return sglang_decode_request(self.body, self.bootstrap, decode_id, rank), {}
+
+    @property
+    def prompt_keyed(self) -> bool:
+        """A prompt-keyed connector's ticket: the prefill holds nothing to release."""
+        return self.protocol == "vllm" and self.kv_transfer_params is None
 
     def release_call(self) -> tuple[str, dict[str, Any] | None]:
         """``(url, json body)`` of the call that frees the prefill's hold."""

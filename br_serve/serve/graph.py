@@ -32,6 +32,8 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
     from br_serve.serve.prefill.worker import PrefillWorker
 
     cfg = parse_graph_config(args)
+    if cfg.is_remote:
+        cfg = check_remote_engines(cfg)
     worker = RemotePrefillWorker if cfg.is_remote else PrefillWorker
     prefill = serve.deployment(worker, name="Prefill").options(  # type: ignore[attr-defined]
         num_replicas=cfg.prefill.replicas, ray_actor_options=cfg.replica_actor_options(),
@@ -44,14 +46,42 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
     return ingress.bind(prefill.bind(cfg), owner.bind(cfg), cfg)
 
 
+def check_remote_engines(cfg: GraphConfig) -> GraphConfig:
+    """``cfg`` with ``remote.model`` set to what the remote engines serve, after a
+    bounded preflight (:mod:`br_serve.remote.preflight`): health, model, and the
+    prefill answer's fit with ``remote.kv_handoff``.
+
+    Raises:
+        GraphConfigError: an engine cannot serve the graph (the message names it).
+    """
+    from br_serve.remote.preflight import PreflightError, preflight
+    from br_serve.serve.config import GraphConfigError
+
+    remote = cfg.remote
+    try:
+        found = preflight(cfg.engine.name, remote.prefill_urls, remote.decode_urls,
+                          remote.model, remote.kv_handoff, remote.api_key,
+                          timeout_s=remote.connect_s * 2,
+                          probe_s=min(remote.first_token_s, PREFLIGHT_PROBE_S))
+    except PreflightError as exc:
+        raise GraphConfigError(str(exc)) from None
+    return cfg.model_copy(update={"remote": remote.model_copy(update={"model": found.model})})
+
+
+#: most seconds the preflight waits for one probe prefill (a cold CPU vLLM answers its
+#: first request in a few seconds)
+PREFLIGHT_PROBE_S = 30.0
+
+
 def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) -> Any:
     """Start Serve (HTTP on ``cfg.serve.host:cfg.serve.port``) and run the app; returns its handle
     once the scheduler is ready (replicas found, barrier group formed)."""
     from ray import serve
 
+    app = build(cfg)  # the remote preflight fails here, before Serve starts
     serve.start(http_options={"host": cfg.serve.host, "port": cfg.serve.port})
     try:
-        handle = serve.run(build(cfg), name=cfg.serve.app_name, route_prefix=route_prefix,
+        handle = serve.run(app, name=cfg.serve.app_name, route_prefix=route_prefix,
                            blocking=blocking)
     except RuntimeError as exc:
         # Serve's own message names only the failed deployments; the reason (e.g.

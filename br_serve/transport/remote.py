@@ -61,6 +61,9 @@ class RemoteTicketTransport:
         ticket = handle.ref
         if not isinstance(ticket, RemoteTicket):
             return
+        if ticket.prompt_keyed:  # a prompt-keyed connector holds no request to free
+            self.released += 1
+            return
         url, body = ticket.release_call()
         if self._http is None:
             self._http = httpx.Client(headers=self._headers, timeout=self._timeout_s,

@@ -69,8 +69,11 @@ def test_ticket_calls() -> None:
     b, h = s.decode_call("r2", 1)
     assert b["routed_dp_rank"] == 1 and b["bootstrap_room"] == 7 and h == {}
     assert s.release_call() == (f"{P}/abort_request", {"rid": "r2"})
-    with pytest.raises(ValueError, match="kv_transfer_params"):
-        RemoteTicket("vllm", P, "r", body, 2)
+    # a vLLM ticket without parameters is a prompt-keyed connector's: same prompt, none
+    q = RemoteTicket("vllm", P, "r", body, 2)
+    b, _ = q.decode_call("r", None)
+    assert q.prompt_keyed and not t.prompt_keyed and "kv_transfer_params" not in b
+    assert b["prompt"] == "a b" and b["stream"] is True
     assert estimate_prompt_tokens([1, 2, 3]) == 3 and estimate_prompt_tokens("a  b\nc") == 3
 
 

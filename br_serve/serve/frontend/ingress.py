@@ -56,6 +56,8 @@ api = FastAPI(title="BalanceRoute", docs_url=None, redoc_url=None)
 
 #: bound on the constructor's wait for a ready graph (replica start-up included)
 READY_WAIT_S = 300.0
+#: warm-up requests that may fail (each retried after 0.5 s) before the deployment fails
+WARM_UP_TRIES = 5
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None,
@@ -203,9 +205,15 @@ class Ingress:
                     toks = [t async for t in self.streamer.generate("warm up", params, rid)]
                     if toks and toks[-1].error is None:
                         return
-                    log.warning("ingress: warm-up failed: %s", toks[-1:] or "no tokens")
+                    why = str(toks[-1].error) if toks else "no tokens"
                 except GenerateError as exc:
-                    log.warning("ingress: warm-up failed: %s", exc.message)
+                    why = exc.message
+                    if 400 <= exc.status < 500 or exc.status == 502:  # will not heal
+                        raise RuntimeError(f"ingress: warm-up failed: {why}") from None
+                log.warning("ingress: warm-up failed: %s", why)
+                if attempt >= WARM_UP_TRIES:  # bounded: a deployment error, not a hang
+                    raise RuntimeError(f"ingress: warm-up failed {attempt} times; last: "
+                                       f"{why}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ingress: graph not ready after {READY_WAIT_S:.0f} s")
             await asyncio.sleep(0.5)

@@ -4,7 +4,9 @@ replica calls the engine and hands the pool a ticket instead of KV bytes.
 - vLLM / vllm-ascend: ``max_tokens: 1`` with ``kv_transfer_params`` asking for a
   remote decode; the answer's parameters (and the engine's prompt count) go into a
   :class:`~br_serve.remote.ticket.RemoteTicket`. The prefill server holds the KV until
-  the decode pulls it.
+  the decode pulls it. A prompt-keyed connector (``remote.kv_handoff`` ``prompt``, or
+  ``auto`` and an answer with ``kv_transfer_params: null``) gives a ticket without
+  parameters: the decode call is the same prompt, which the connector's store finds.
 - SGLang: the request carries a fresh ``bootstrap_room``; SGLang answers it only once
   the decode took the KV, so the call runs on as a task of this replica and the ticket
   is returned at once (after a short wait that catches an immediate refusal). The
@@ -147,8 +149,8 @@ class RemotePrefillWorker:
         from br_serve.remote.ticket import RemoteTicket, completion_body
 
         body = completion_body(prompt, params, self.model)
-        res = await self._http().vllm_prefill(url, body, request_id)
-        assert res.kv_transfer_params is not None
+        res = await self._http().vllm_prefill(url, body, request_id,
+                                              kv_handoff=self.cfg.remote.kv_handoff)
         return RemoteTicket("vllm", url, request_id, body, res.prompt_tokens,
                             kv_transfer_params=res.kv_transfer_params)
 
