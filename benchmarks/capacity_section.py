@@ -1,0 +1,157 @@
+"""The capacity section of docs/results.md (issue 27), from committed capacity results.
+
+Reads every capacity cell it knows of: results/capacity/<workload>-g<G>.json
+(``benchmarks/capacity_table.sh``), the field's first look (results/field/*-capacity.json,
+``benchmarks/field_first_look.sh``) and the results page's own capacity cells
+(results/sim_results.json, ``benchmarks/results.py``). Per cell: the best field rule (every
+policy not named br0* / brh*), the default br0, the clairvoyant yardstick brh+oracle
+(knows every output length) and where the default stands between the two; TTFT P95, TPOT
+P95 and barrier idle share at each policy's capacity point. A difference within twice the
+search's resolution is a tie.
+
+    python benchmarks/capacity_section.py            # print the section
+    python benchmarks/capacity_section.py --splice docs/results.md   # replace it in place
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+DEFAULT = "br0"
+YARDSTICK = "brh+oracle"
+HEAD = "## Capacity at a latency SLO: the field's rules, the default, a clairvoyant yardstick"
+NEXT = "## The paper's numbers"
+
+
+def _cells(root: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    """(cell name, source file, capacity document) for every known capacity cell."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    sim = root / "results" / "sim_results.json"
+    if sim.exists():
+        doc = json.loads(sim.read_text())
+        for wl, w in doc["workloads"].items():
+            c = w.get("cells", {}).get("capacity")
+            if c:
+                out.append((f"{wl} (results page)", "results/sim_results.json", c))
+    for p in sorted((root / "results" / "field").glob("*-capacity.json")):
+        if "least-load" not in p.name:
+            out.append((f"{p.stem.removesuffix('-capacity')} (field first look)",
+                        f"results/field/{p.name}", json.loads(p.read_text())))
+    for p in sorted((root / "results" / "capacity").glob("*.json")):
+        if p.name != "manifest.json":
+            out.append((p.stem, f"results/capacity/{p.name}", json.loads(p.read_text())))
+    return out
+
+
+def _window(doc: dict[str, Any]) -> str:
+    if "window_requests" in doc:
+        return str(doc["window_requests"])
+    argv = [str(a) for a in doc.get("argv", [])]
+    return argv[argv.index("--limit") + 1] if "--limit" in argv else "?"
+
+
+def _verdict(ratio: float, tol: float) -> str:
+    if abs(ratio - 1.0) <= 2 * tol:
+        return "tie"
+    return "higher" if ratio > 1 else "lower"
+
+
+def _f(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _summary(name: str, src: str, doc: dict[str, Any]) -> tuple[str, list[str]]:
+    runs = {r["label"]: r for r in doc["runs"]}
+    tol = float(doc["bracket"]["rel_tol"])
+    field = [r for k, r in runs.items() if not k.startswith(("br0", "brh"))]
+    best = max(field, key=lambda r: r["capacity_req_s"])
+    b = best["capacity_req_s"]
+    g = best["replicas"]
+    d = runs.get(DEFAULT)
+    y = runs.get(YARDSTICK)
+    dcap = d["capacity_req_s"] if d else None
+    ycap = y["capacity_req_s"] if y else None
+    pos = "-"
+    if dcap is not None and ycap is not None and ycap > b * (1 + 2 * tol):
+        pos = f"{(dcap - b) / (ycap - b):.0%}"
+    row = (f"| {name} | {g} | {doc['replays']} x {_window(doc)} | {tol:.0%} | "
+           f"{best['label']} {b:.3f} | "
+           + (f"{dcap:.3f} ({dcap / b - 1:+.1%}, {_verdict(dcap / b, tol)}) | " if d else "- | ")
+           + (f"{ycap:.3f} ({ycap / b - 1:+.1%}, {_verdict(ycap / b, tol)}) | " if y else "- | ")
+           + f"{pos} | {_f(best.get('ttft_p95_s'), '.2f')} / {_f(d and d.get('ttft_p95_s'), '.2f')}"
+           f" | {_f(best.get('barrier_idle_share'), '.0%')} / "
+           f"{_f(d and d.get('barrier_idle_share'), '.0%')} |")
+    slo = doc["slo"]
+    lines = [f"#### {name}: G = {g}, SLO TPOT P95 <= {slo['tpot_p95_ms']:.1f} ms, TTFT P95 <= "
+             f"{slo['ttft_p95_s']:g} s, resolution {tol:.0%} (`{src}`)\n",
+             "| policy | capacity req/s | vs best field rule | TTFT P95 s | TPOT P95 ms | "
+             "barrier idle |", "|---|---|---|---|---|---|"]
+    for label, r in runs.items():
+        c = r["capacity_req_s"]
+        lines.append(f"| {label} | {c:.3f} | {c / b - 1:+.1%} ({_verdict(c / b, tol)}) | "
+                     f"{_f(r.get('ttft_p95_s'), '.2f')} | {_f(r.get('tpot_p95_ms'), '.1f')} | "
+                     f"{_f(r.get('barrier_idle_share'), '.0%')} |")
+    return row, lines + [""]
+
+
+INTRO = """\
+**SLO rule.** Capacity = the highest request rate (bisection on the arrival-rate scale) at
+which the ensemble means over K paired windows of TPOT P95 and TTFT P95 meet: TPOT P95 <=
+1.25 x the step time of a full, perfectly balanced replica of mean-size requests
+(`b + a * B * (mean prompt + mean output / 2)`, per workload: ServeGen R1 with outputs
+> 1000 61.0 ms, Mooncake conversation 159.6 ms, Azure 2023 conv 50.1 ms, chat-rag
+87.6 ms, reasoning 64.8 ms) and TTFT P95 <= 10 s. The resolution is the bisection's stopping
+width; a difference within twice it is not claimed ("tie"). The best field rule is the best
+of the field's rules run in that cell (jsq, sglang_total_tokens, min_max, vllm_dp, smg's
+rules, vllm-router's power-of-two, DyntraLB in the engine behind a routing rule, ...); the
+yardstick is brh with the oracle predictor (it knows every output length), and "default's
+position" is (br0 - best field) / (yardstick - best field), shown only where the yardstick
+is above the best field rule by more than twice the resolution. The stress workloads are
+seeded (`research/policy/stress_traces.py`, 4,000 requests, seed 0): **chat-rag** is a bursty
+mix of short chat prompts (70%, median 300 tokens) and very long RAG prompts (30%, median
+12,000) with lognormal outputs (median 600); **reasoning** has short prompts and Pareto
+outputs (alpha 1.3, median 1,500, up to 32,000).
+"""
+
+
+def section(root: Path) -> str:
+    cells = _cells(root)
+    head = ["| cell | G | K x window | resolution | best field rule req/s | br0 (default) | "
+            "yardstick brh+oracle | default's position | TTFT P95 s best field / br0 | "
+            "barrier idle best field / br0 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows, details = [], []
+    for name, src, doc in cells:
+        row, lines = _summary(name, src, doc)
+        rows.append(row)
+        details += lines
+    return "\n".join([HEAD, "", INTRO, *head, *rows, "", "### Per cell", "", *details]) + "\n"
+
+
+def splice(md: Path, text: str) -> None:
+    """Replace (or insert before the paper's numbers) the capacity section of ``md``."""
+    old = md.read_text()
+    start = old.find(HEAD)
+    end = old.find(NEXT)
+    if end < 0:
+        raise SystemExit(f"--splice: {md} has no {NEXT!r} heading to insert before")
+    body = old[:start] if start >= 0 else old[:end]
+    md.write_text(body + text + "\n" + old[end:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    ap.add_argument("--splice", type=Path, default=None, help="rewrite this markdown file")
+    a = ap.parse_args()
+    text = section(a.root)
+    if a.splice is None:
+        print(text)
+    else:
+        splice(a.splice, text)
+
+
+if __name__ == "__main__":
+    main()
