@@ -10,7 +10,8 @@
 # Usage: bash benchmarks/capacity_table.sh [CELL...], CELL = <workload>-g<G> with workload
 # in r1 mooncake azure-conv chat-rag reasoning. Writes results/capacity/<cell>.json.
 # Sizing knobs (env): LIMIT (window, default 600), REPLAYS (4), TOL (0.05), JOBS (2),
-# POLICIES (comma list, as --policies), BASELINE (jsq), RATE_LO / RATE_HI (the bracket).
+# POLICIES (comma list, as --policies), BASELINE (jsq), RATE_LO / RATE_HI (the bracket),
+# EXTRA_OPTS (more --policy-option / --engine-option words, space-separated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BR=${BR:-.venv/bin/br-serve}
@@ -28,7 +29,7 @@ trap 'rm -rf "$TMP"' EXIT
 POLICIES=${POLICIES:-jsq,sglang_total_tokens,min_max,smg_min_tokens,stt-dyntralb=sglang_total_tokens,\
 br0,br0-time=br0,br0-dyntralb=br0,brh:survival,brh:oracle}
 BASELINE=${BASELINE:-jsq}
-OPTS=()
+read -r -a OPTS <<< "${EXTRA_OPTS:-}"
 case ",$POLICIES," in *,br0-time=br0,*) OPTS+=(--policy-option br0-time.cost=time) ;; esac
 # DyntraLB as in benchmarks/field_first_look.sh: vllm-ascend's default threshold, static
 for e in stt-dyntralb br0-dyntralb; do
