@@ -94,7 +94,7 @@ def _summary(name: str, src: str, doc: dict[str, Any]) -> tuple[str, list[str]]:
         lines.append(f"| {label} | {c:.3f} | {c / b - 1:+.1%} ({_verdict(c / b, tol)}) | "
                      f"{_f(r.get('ttft_p95_s'), '.2f')} | {_f(r.get('tpot_p95_ms'), '.1f')} | "
                      f"{_f(r.get('barrier_idle_share'), '.0%')} |")
-    return row, lines + [""]
+    return row, [*lines, ""]
 
 
 INTRO = """\
