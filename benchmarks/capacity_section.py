@@ -59,6 +59,11 @@ def _verdict(ratio: float, tol: float) -> str:
     return "higher" if ratio > 1 else "lower"
 
 
+def _cap(r: dict[str, Any]) -> str:
+    """The capacity, marked ">=" where the bracket's top met the SLO (a lower bound)."""
+    return (">=" if r.get("capped") else "") + f"{r['capacity_req_s']:.3f}"
+
+
 def _f(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -67,7 +72,8 @@ def _summary(name: str, src: str, doc: dict[str, Any]) -> tuple[str, list[str]]:
     runs = {r["label"]: r for r in doc["runs"]}
     tol = float(doc["bracket"]["rel_tol"])
     field = [r for k, r in runs.items() if not k.startswith(("br0", "brh"))]
-    best = max(field, key=lambda r: r["capacity_req_s"])
+    # a cell of br0 variants only (an idea against the default): compare with br0
+    best = max(field or [runs[DEFAULT]], key=lambda r: r["capacity_req_s"])
     b = best["capacity_req_s"]
     g = best["replicas"]
     d = runs.get(DEFAULT)
@@ -78,7 +84,7 @@ def _summary(name: str, src: str, doc: dict[str, Any]) -> tuple[str, list[str]]:
     if dcap is not None and ycap is not None and ycap > b * (1 + 2 * tol):
         pos = f"{(dcap - b) / (ycap - b):.0%}"
     row = (f"| {name} | {g} | {doc['replays']} x {_window(doc)} | {tol:.0%} | "
-           f"{best['label']} {b:.3f} | "
+           f"{best['label'] if field else '(none run; vs br0)'} {_cap(best)} | "
            + (f"{dcap:.3f} ({dcap / b - 1:+.1%}, {_verdict(dcap / b, tol)}) | " if d else "- | ")
            + (f"{ycap:.3f} ({ycap / b - 1:+.1%}, {_verdict(ycap / b, tol)}) | " if y else "- | ")
            + f"{pos} | {_f(best.get('ttft_p95_s'), '.2f')} / {_f(d and d.get('ttft_p95_s'), '.2f')}"
@@ -87,11 +93,11 @@ def _summary(name: str, src: str, doc: dict[str, Any]) -> tuple[str, list[str]]:
     slo = doc["slo"]
     lines = [f"#### {name}: G = {g}, SLO TPOT P95 <= {slo['tpot_p95_ms']:.1f} ms, TTFT P95 <= "
              f"{slo['ttft_p95_s']:g} s, resolution {tol:.0%} (`{src}`)\n",
-             "| policy | capacity req/s | vs best field rule | TTFT P95 s | TPOT P95 ms | "
-             "barrier idle |", "|---|---|---|---|---|---|"]
+             f"| policy | capacity req/s | vs {'best field rule' if field else DEFAULT} | "
+             "TTFT P95 s | TPOT P95 ms | barrier idle |", "|---|---|---|---|---|---|"]
     for label, r in runs.items():
         c = r["capacity_req_s"]
-        lines.append(f"| {label} | {c:.3f} | {c / b - 1:+.1%} ({_verdict(c / b, tol)}) | "
+        lines.append(f"| {label} | {_cap(r)} | {c / b - 1:+.1%} ({_verdict(c / b, tol)}) | "
                      f"{_f(r.get('ttft_p95_s'), '.2f')} | {_f(r.get('tpot_p95_ms'), '.1f')} | "
                      f"{_f(r.get('barrier_idle_share'), '.0%')} |")
     return row, [*lines, ""]
