@@ -158,6 +158,8 @@ MEANING = """\
   as br0 + DyntraLB, a tie with DyntraLB behind sglang_total_tokens (+2.7%) and +20.4%
   over the best router-only field rule (sglang_total_tokens 2.007), router-side only,
   paying TTFT P95 5.5 s at capacity (against the 10 s bar).
+  At G = 16 (`mooncake-g16`, K = 4 x 1000, 5%): DyntraLB behind sglang_total_tokens 5.231,
+  br0 4.832 (-7.6%, a tie), br0 + DyntraLB 5.516 (+5.4%, a tie), the yardstick = br0.
 - **Azure 2023 conv (G = 8, K = 4 x 500, 5%): the TTFT tail decides, not the barrier.**
   TPOT stays at ~42 ms against the 50.1 ms bar for every policy; sglang_total_tokens and
   min_max reach the bracket top (22 req/s, TTFT P95 9.2 s: the windows are short enough
@@ -177,8 +179,8 @@ MEANING = """\
 - **chat-rag (G = 8, K = 4 x 500, 5%): every policy, the yardstick included, still meets
   the SLO at the bracket top 0.6 req/s** (a lower bound; TPOT P95 64-70 ms against 87.6,
   barrier idle 53%): windows of 500 requests are too short for the bursts to build up a
-  queue; a higher bracket and longer windows are needed. G = 16 was not measured in the
-  time box.
+  queue; a higher bracket and longer windows are needed. G = 16 was measured on Mooncake
+  only.
 - **Recommended default change (for the policy owner, issue 26):** `ttft_budget_s = 5`
   (half the TTFT SLO) on br0, which removes the Azure loss and costs nothing on Mooncake
   and on ServeGen R1 (`r1-g8-ageing`: br0 0.569 with or without it, min_max 0.591, a tie);
