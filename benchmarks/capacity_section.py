@@ -91,8 +91,8 @@ def _summary(name: str, src: str, doc: dict[str, Any]) -> tuple[str, list[str]]:
         pos = f"{(dcap - b) / (ycap - b):.0%}"
     row = (f"| {name} | {g} | {doc['replays']} x {_window(doc)} | {tol:.0%} | "
            f"{best['label'] if field else '(none run; vs br0)'} {_cap(best)} | "
-           + (f"{dcap:.3f} ({_vs(dcap, b, tol)}) | " if dcap is not None else "- | ")
-           + (f"{ycap:.3f} ({_vs(ycap, b, tol)}) | " if ycap is not None else "- | ")
+           + (f"{_cap(d)} ({_vs(dcap, b, tol)}) | " if d and dcap is not None else "- | ")
+           + (f"{_cap(y)} ({_vs(ycap, b, tol)}) | " if y and ycap is not None else "- | ")
            + f"{pos} | {_f(best.get('ttft_p95_s'), '.2f')} / {_f(d and d.get('ttft_p95_s'), '.2f')}"
            f" | {_f(best.get('barrier_idle_share'), '.0%')} / "
            f"{_f(d and d.get('barrier_idle_share'), '.0%')} |")
