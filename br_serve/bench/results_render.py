@@ -318,6 +318,9 @@ def render(doc: dict[str, Any], plot_dir: Path, md_dir: Path) -> str:
                       f"{_f(c['runs'][0]['rate_hi_req_s'], 3)} req/s, windows of "
                       f"{c['window_requests']} requests; {_f(c['wall_s'])} s.\n",
                       capacity_table(c["runs"])]
+    if (md_dir.parent / "results" / "capacity").is_dir():  # docs/ beside results/
+        from capacity_section import section  # benchmarks/, beside this file
+        parts.append(section(md_dir.parent))
     parts += ["## The paper's numbers, for reference (G = 8, Ascend 910C, DeepSeek-V3)\n",
               PAPER, "Neither the paper's production trace nor Azure 2024 is available "
               "here, and its cost model is a real cluster's; compare directions, not "
