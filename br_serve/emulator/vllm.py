@@ -74,6 +74,21 @@ def stream_error(exc: ApiError) -> bytes:
 SPEC = Spec("vllm", error_body, stream_error, {"stop_reason": None})
 
 
+def check_context(req: ParsedRequest, max_model_len: int) -> None:
+    """vLLM's length checks: the prompt, then prompt + ``max_tokens``, within
+    ``max_model_len`` (400 before any token; a stream never starts)."""
+    n, name = req.prompt_tokens, "max_completion_tokens" if req.chat else "max_tokens"
+    if n >= max_model_len:
+        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. "
+                            f"However, your request has {n} input tokens. Please reduce the "
+                            "length of the input messages.", "input_tokens")
+    if n + req.max_tokens > max_model_len:
+        raise ApiError(400, f"'{name}' is too large: {req.max_tokens}. This model's maximum "
+                            f"context length is {max_model_len} tokens and your request has "
+                            f"{n} input tokens ({req.max_tokens} > {max_model_len} - {n}).",
+                       name)
+
+
 def make_emulator(config: EmulatorConfig) -> Emulator:
     return Emulator(config, SPEC)
 
@@ -101,6 +116,13 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
                                 f"[0, {cfg.dp_size})", RANK_HEADER)
         return g
 
+    def parse(body: dict[str, Any], chat: bool) -> ParsedRequest:
+        """Validate as vLLM does, including the context length (``kv_limit_tokens``
+        plays ``--max-model-len``, as ``/v1/models`` says)."""
+        req = emu.parse(body, chat, _EXTRA, True)
+        check_context(req, cfg.kv_limit_tokens)
+        return req
+
     def external_id(request: Request, prefix: str) -> str:
         return request.headers.get("x-request-id") or emu.new_id(prefix)
 
@@ -109,7 +131,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         if not isinstance(ktp, dict) or ktp.get("do_remote_decode") is not True:
             raise ApiError(400, "kv_transfer_params: a prefill (kv_producer) request needs "
                                 "do_remote_decode: true", "kv_transfer_params")
-        req = emu.parse(body, chat, _EXTRA, True)
+        req = parse(body, chat)
         if req.stream:
             raise ApiError(400, "stream: a prefill request must not stream", "stream")
         if req.max_tokens != 1:
@@ -141,8 +163,24 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         return JSONResponse(completion_body(f"{prefix}-{ext}", req, text, 1, SPEC.choice_extra,
                                             kv_transfer_params=params))
 
+    async def local(request: Request, body: dict[str, Any], chat: bool) -> Response:
+        """A request without transfer parameters: prefilled here, then decoded (a
+        kv_consumer vLLM serves these like any server)."""
+        req = parse(body, chat)
+        g = pinned_rank(request)
+        emu.check_rank_alive(g)
+        await emu.run_prefill(request, g, req.prompt_tokens)
+        emu.counters.prompt_tokens[g] += req.prompt_tokens
+        ext = external_id(request, "cmpl")
+        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
+        emu.counters.internal_id[ext] = rid
+        prefix = "chatcmpl" if chat else "cmpl"
+        return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
+
     async def decode(request: Request, body: dict[str, Any], chat: bool) -> Response:
         ktp = body.get("kv_transfer_params")
+        if ktp is None:
+            return await local(request, body, chat)
         if not isinstance(ktp, dict) or ktp.get("do_remote_prefill") is not True:
             raise ApiError(400, "kv_transfer_params: a decode (kv_consumer) request needs "
                                 "the prefill's parameters with do_remote_prefill: true",
@@ -157,7 +195,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
                            "kv_transfer_params.remote_port")
         key = str(ktp["remote_request_id"])
         try:
-            req: ParsedRequest = emu.parse(body, chat, _EXTRA, True)
+            req: ParsedRequest = parse(body, chat)
             g = pinned_rank(request)
             emu.check_rank_alive(g)
         except ApiError:

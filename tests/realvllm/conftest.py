@@ -1,0 +1,52 @@
+"""Fixtures of the real-vLLM tests: the venv (``.ci/setup-vllm``), a tiny model built at
+test time, real vLLM servers started once per session or module and always stopped.
+
+Skipped, with the reason, only when the vLLM venv cannot be built (no network, no
+wheel for this platform); ``BR_REAL_VLLM=0`` skips them on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.realvllm import servers as sv
+from tests.serve.helpers import free_port
+
+#: a server on this shared 2-core machine is ready in 30-60 s; under load, slower
+READY_S = float(os.environ.get("BR_REAL_VLLM_READY_S", "420"))
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    if os.environ.get("BR_REAL_VLLM") == "0":
+        pytest.skip("BR_REAL_VLLM=0")
+    reason = sv.ensure_venv()
+    if reason is not None:
+        pytest.skip(f"real vLLM unavailable: {reason}")
+    return sv.VENV
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sv.build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def vllm_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm-logs")
+
+
+@pytest.fixture(scope="session")
+def plain_pair(tiny_model: Path, vllm_logs: Path) -> Iterator[list[sv.VllmServer]]:
+    """Two independent servers (external DP: one server per rank, a dense model)."""
+    pair = [sv.start(f"rank{g}", tiny_model, free_port(), vllm_logs) for g in range(2)]
+    try:
+        sv.wait_ready(pair, READY_S)
+        yield pair
+    finally:
+        for s in pair:
+            s.stop()
