@@ -19,6 +19,10 @@ Follows docs/engine-contracts.md ("vLLM"):
   the prefill never issued. A decode refused for another reason still frees the
   prefill's KV (vllm-ascend's connector sends its "done" signal on rejection too).
   The stream carries all ``max_tokens`` tokens; token 0 equals the prefill's token.
+  A request with no ``kv_transfer_params`` at all is prefilled locally and decoded, as a
+  ``kv_consumer`` vLLM serves it.
+- Context length: ``prompt + max_tokens`` over ``kv_limit_tokens`` (the
+  ``max_model_len`` that ``/v1/models`` reports) is refused with vLLM's 400 messages.
 - Rank pinning: the ``X-data-parallel-rank`` header on a single server for all ranks
   (no header: vLLM's DP balancer, least ``4 * waiting + running``), or one server per
   rank (``port_per_rank``; a header naming another rank is refused).
