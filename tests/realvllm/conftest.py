@@ -41,12 +41,23 @@ def vllm_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def plain_pair(tiny_model: Path, vllm_logs: Path) -> Iterator[list[sv.VllmServer]]:
-    """Two independent servers (external DP: one server per rank, a dense model)."""
-    pair = [sv.start(f"rank{g}", tiny_model, free_port(), vllm_logs) for g in range(2)]
+def plain(tiny_model: Path, vllm_logs: Path) -> Iterator[sv.VllmServer]:
+    """One plain server (no connector, no DP)."""
+    s = sv.start("rank0", tiny_model, free_port(), vllm_logs)
     try:
-        sv.wait_ready(pair, READY_S)
-        yield pair
+        sv.wait_ready([s], READY_S)
+        yield s
     finally:
-        for s in pair:
-            s.stop()
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_pair(plain: sv.VllmServer, tiny_model: Path,
+               vllm_logs: Path) -> Iterator[list[sv.VllmServer]]:
+    """Two independent servers (external DP: one server per rank, a dense model)."""
+    other = sv.start("rank1", tiny_model, free_port(), vllm_logs)
+    try:
+        sv.wait_ready([other], READY_S)
+        yield [plain, other]
+    finally:
+        other.stop()

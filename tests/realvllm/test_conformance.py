@@ -136,8 +136,8 @@ def compare(real: dict[str, Any], emu: dict[str, Any]) -> list[str]:
     return lines
 
 
-def test_emulator_matches_real_vllm(plain_pair: list[sv.VllmServer], emulator: str) -> None:
-    real_url = plain_pair[0].url
+def test_emulator_matches_real_vllm(plain: sv.VllmServer, emulator: str) -> None:
+    real_url = plain.url
     rows, unexplained = [], []
     for name, endpoint, body in CASES:
         real, emu = ask(real_url, endpoint, body), ask(emulator, endpoint, body)

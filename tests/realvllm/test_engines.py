@@ -103,8 +103,8 @@ def test_example_connector_moves_kv_from_prefill_to_decode(
     assert written <= set(store.rglob("*.safetensors"))
 
 
-def test_client_disconnect_aborts_the_engine_request(plain_pair: list[sv.VllmServer]) -> None:
-    s = plain_pair[0]
+def test_client_disconnect_aborts_the_engine_request(plain: sv.VllmServer) -> None:
+    s = plain
     body = {"model": sv.SERVED_MODEL, "prompt": "w1 w2 w3", "max_tokens": 200,
             "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=60) as r:
