@@ -19,6 +19,10 @@ Follows docs/engine-contracts.md ("vLLM"):
   the prefill never issued. A decode refused for another reason still frees the
   prefill's KV (vllm-ascend's connector sends its "done" signal on rejection too).
   The stream carries all ``max_tokens`` tokens; token 0 equals the prefill's token.
+  A request with no ``kv_transfer_params`` at all is prefilled locally and decoded, as a
+  ``kv_consumer`` vLLM serves it.
+- Context length: ``prompt + max_tokens`` over ``kv_limit_tokens`` (the
+  ``max_model_len`` that ``/v1/models`` reports) is refused with vLLM's 400 messages.
 - Rank pinning: the ``X-data-parallel-rank`` header on a single server for all ranks
   (no header: vLLM's DP balancer, least ``4 * waiting + running``), or one server per
   rank (``port_per_rank``; a header naming another rank is refused).
@@ -91,6 +95,21 @@ def stream_error(exc: ApiError) -> bytes:
 SPEC = Spec("vllm", error_body, stream_error, {"stop_reason": None})
 
 
+def check_context(req: ParsedRequest, max_model_len: int) -> None:
+    """vLLM's length checks: the prompt, then prompt + ``max_tokens``, within
+    ``max_model_len`` (400 before any token; a stream never starts)."""
+    n, name = req.prompt_tokens, "max_completion_tokens" if req.chat else "max_tokens"
+    if n >= max_model_len:
+        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. "
+                            f"However, your request has {n} input tokens. Please reduce the "
+                            "length of the input messages.", "input_tokens")
+    if n + req.max_tokens > max_model_len:
+        raise ApiError(400, f"'{name}' is too large: {req.max_tokens}. This model's maximum "
+                            f"context length is {max_model_len} tokens and your request has "
+                            f"{n} input tokens ({req.max_tokens} > {max_model_len} - {n}).",
+                       name)
+
+
 def make_emulator(config: EmulatorConfig) -> Emulator:
     return Emulator(config, SPEC)
 
@@ -118,6 +137,13 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
                                 f"[0, {cfg.dp_size})", RANK_HEADER)
         return g
 
+    def parse(body: dict[str, Any], chat: bool) -> ParsedRequest:
+        """Validate as vLLM does, including the context length (``kv_limit_tokens``
+        plays ``--max-model-len``, as ``/v1/models`` says)."""
+        req = emu.parse(body, chat, _EXTRA, True)
+        check_context(req, cfg.kv_limit_tokens)
+        return req
+
     def external_id(request: Request, prefix: str) -> str:
         return request.headers.get("x-request-id") or emu.new_id(prefix)
 
@@ -128,7 +154,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
                               or ktp.get("do_remote_decode") is not True):
             raise ApiError(400, "kv_transfer_params: a prefill (kv_producer) request needs "
                                 "do_remote_decode: true", "kv_transfer_params")
-        req = emu.parse(body, chat, _EXTRA, True)
+        req = parse(body, chat)
         if req.stream:
             raise ApiError(400, "stream: a prefill request must not stream", "stream")
         if req.max_tokens != 1:
@@ -170,10 +196,26 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         return JSONResponse(completion_body(f"{prefix}-{ext}", req, text, 1, SPEC.choice_extra,
                                             kv_transfer_params=params))
 
+    async def local(request: Request, body: dict[str, Any], chat: bool) -> Response:
+        """A request without transfer parameters: prefilled here, then decoded (a
+        kv_consumer vLLM serves these like any server)."""
+        req = parse(body, chat)
+        g = pinned_rank(request)
+        emu.check_rank_alive(g)
+        await emu.run_prefill(request, g, req.prompt_tokens)
+        emu.counters.prompt_tokens[g] += req.prompt_tokens
+        ext = external_id(request, "cmpl")
+        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
+        emu.counters.internal_id[ext] = rid
+        prefix = "chatcmpl" if chat else "cmpl"
+        return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
+
     async def decode(request: Request, body: dict[str, Any], chat: bool) -> Response:
         ktp = body.get("kv_transfer_params")
         if ktp is None and cfg.kv_store_dir is not None:
             return await prompt_keyed_decode(request, body, chat)
+        if ktp is None:
+            return await local(request, body, chat)
         if not isinstance(ktp, dict) or ktp.get("do_remote_prefill") is not True:
             raise ApiError(400, "kv_transfer_params: a decode (kv_consumer) request needs "
                                 "the prefill's parameters with do_remote_prefill: true",
@@ -188,7 +230,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
                            "kv_transfer_params.remote_port")
         key = str(ktp["remote_request_id"])
         try:
-            req: ParsedRequest = emu.parse(body, chat, _EXTRA, True)
+            req: ParsedRequest = parse(body, chat)
             g = pinned_rank(request)
             emu.check_rank_alive(g)
         except ApiError:
