@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,14 @@ _PATH = re.compile(r"results/[A-Za-z0-9_./*-]+")
 
 def _driver_exists(command: str) -> bool:
     """The program the command runs is in this checkout (or is the product's CLI)."""
-    words = command.split()
+    try:
+        words = shlex.split(command)
+    except ValueError:  # prose after the command with an unmatched quote
+        words = command.split()
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0], re.S):
+        words = words[1:]  # the shell's environment assignments before the program
+    if not words:
+        return False
     if words[0] == "br-serve":
         return len(words) > 1 and not words[1].startswith("-")
     if words[:2] == ["python", "-m"]:
@@ -32,7 +40,8 @@ def _driver_exists(command: str) -> bool:
         return words[2].split(".")[0] in ("benchmarks", "research") and (
             (ROOT / f"{mod}.py").is_file())
     if words[0] in ("python", "bash"):
-        return words[1].startswith("benchmarks/") and (ROOT / words[1]).is_file()
+        return (words[1].startswith(("benchmarks/", "research/"))
+                and (ROOT / words[1]).is_file())
     return False
 
 
