@@ -100,7 +100,7 @@ class Clairvoyant(PolicyBase[ClairOptions]):
 
     def __init__(self, options: ClairOptions, context: PolicyContext) -> None:
         super().__init__(options, context)
-        self.ageing = Ageing(AgeingRule(options.age_s, None, None, soft_share=1.0))
+        self.ageing = Ageing(AgeingRule(options.age_s, None, soft_share=1.0))
 
     def _fresh(self, t: np.ndarray) -> np.ndarray:
         assert WORKLOAD is not None

@@ -40,10 +40,10 @@ def main(g: int, slots: int, trace: str, n: int) -> None:
                                      list(w.output_tokens)), cfg)["throughput_tok_s"]
             for w in ws]
     rr, rrr = res[("round_robin", "{}")], res[("router_round_robin", "{}")]
-    for (name, opts), t in res.items():
+    for (vname, vopts), t in res.items():
         def gain(b: list[float], t: list[float] = t) -> float:
             return 100 * sum(x / y - 1 for x, y in zip(t, b, strict=True)) / len(t)
-        print(f"{name:20s} {opts:50s} {[round(x) for x in t]} vs round_robin "
+        print(f"{vname:20s} {vopts:50s} {[round(x) for x in t]} vs round_robin "
               f"{gain(rr):+.1f}% vs router_round_robin {gain(rrr):+.1f}%")
 
 

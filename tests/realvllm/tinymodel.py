@@ -1,3 +1,6 @@
+# mypy: ignore-errors
+# (run by the vLLM venv's interpreter against its own transformers; the project venv's
+# transformers stubs differ, so mypy checks it against the wrong library)
 """Build a tiny random-weight Llama model with a local word-level tokenizer (no download).
 
 Run with the vLLM venv's interpreter (it has transformers and tokenizers)::
