@@ -196,6 +196,16 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         return JSONResponse(completion_body(f"{prefix}-{ext}", req, text, 1, SPEC.choice_extra,
                                             kv_transfer_params=params))
 
+    async def start_decode(request: Request, g: int, req: ParsedRequest,
+                           chat: bool) -> Response:
+        """Decode ``req`` on rank ``g`` under the client's id (a fresh internal id when that
+        id is still running): the one tail of every decode path."""
+        ext = external_id(request, "cmpl")
+        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
+        emu.counters.internal_id[ext] = rid
+        prefix = "chatcmpl" if chat else "cmpl"
+        return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
+
     async def local(request: Request, body: dict[str, Any], chat: bool) -> Response:
         """A request without transfer parameters: prefilled here, then decoded (a
         kv_consumer vLLM serves these like any server)."""
@@ -204,11 +214,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         emu.check_rank_alive(g)
         await emu.run_prefill(request, g, req.prompt_tokens)
         emu.counters.prompt_tokens[g] += req.prompt_tokens
-        ext = external_id(request, "cmpl")
-        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
-        emu.counters.internal_id[ext] = rid
-        prefix = "chatcmpl" if chat else "cmpl"
-        return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
+        return await start_decode(request, g, req, chat)
 
     async def decode(request: Request, body: dict[str, Any], chat: bool) -> Response:
         ktp = body.get("kv_transfer_params")
@@ -242,11 +248,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         await emu.pull_from_twin(host, port, key, presented, cfg.wait_s)
         emu.counters.kv_pulls[g] += 1
         emu.counters.prompt_tokens[g] += req.prompt_tokens
-        ext = external_id(request, "cmpl")
-        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
-        emu.counters.internal_id[ext] = rid
-        prefix = "chatcmpl" if chat else "cmpl"
-        return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
+        return await start_decode(request, g, req, chat)
 
     async def prompt_keyed_decode(request: Request, body: dict[str, Any],
                                   chat: bool) -> Response:
@@ -259,11 +261,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         else:  # the connector's miss: the decode server computes the prompt itself
             emu.counters.kv_recomputes[g] += 1
         emu.counters.prompt_tokens[g] += req.prompt_tokens
-        ext = external_id(request, "cmpl")
-        rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
-        emu.counters.internal_id[ext] = rid
-        prefix = "chatcmpl" if chat else "cmpl"
-        return await emu.decode_response(request, rid, f"{prefix}-{ext}", g, req)
+        return await start_decode(request, g, req, chat)
 
     add_completion_routes(app, cfg.role, prefill, decode)
 
