@@ -19,6 +19,16 @@ Lead time: a request past ``soft_share`` of its slack (``(now - base) / slack`` 
 ``base = entered + factor x FCFS wait``) is placed first where it fits without
 overflow, before its deadline forces it anywhere.
 
+**Slot-wait lead** (``slot_wait_lead``): being first in line is not being placed: a
+request forced at its deadline still waits for a free slot, and with long outputs
+slots free slowly while many late requests queue for them (the bound was missed by
+minutes on long-output workloads that way). So the rule acts early by the expected
+wait for its slot: the ``k``-th request of the scan whose FCFS turn has come (``k - 1``
+such requests ahead of it, every one due no later in a saturated pool) counts as
+``slot_wait_lead x k x (mean time between the pool's releases)`` seconds later than
+``now`` (both phases shift). The mean is measured over the last releases (up to
+``_RATE_WINDOW`` breakpoints, up to ``now``); with no history the lead is 0.
+
 Why relative: in a deep pool (a backlog) every request waits long under FCFS too, and
 the slot turnover that would serve an absolute 30 s budget is slower than the budgets
 expire: the starving backlog grows, the tick degenerates to FCFS with an F-chosen
@@ -41,6 +51,7 @@ only make a wait look shorter.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -57,6 +68,11 @@ class AgeingRule:
     soft_share: float = 0.5
     soft_scan: int = 64
     fcfs_wait_factor: float = 1.0
+    slot_wait_lead: float = 0.0
+
+
+#: release breakpoints the slot-wait lead measures the release interval over
+_RATE_WINDOW = 64
 
 
 def _share(waited_s: float, budget_s: float) -> float:
@@ -73,7 +89,7 @@ class Ageing:
     only there.
     """
 
-    __slots__ = ("_counts", "_start", "_times", "rule")
+    __slots__ = ("_counts", "_recent", "_start", "_times", "rule")
 
     def __init__(self, rule: AgeingRule) -> None:
         self.rule = rule
@@ -81,6 +97,8 @@ class Ageing:
         self._counts: list[int] = []
         self._times: list[float] = []
         self._start = 0  # entries before it are no longer needed
+        # the last release breakpoints (time, count): the slot-wait lead's release rate
+        self._recent: deque[tuple[float, int]] = deque(maxlen=_RATE_WINDOW)
 
     def released_at(self, count: int) -> float | None:
         """When the pool's release count first reached ``count`` (None: not yet)."""
@@ -91,6 +109,16 @@ class Ageing:
         if not self._counts or count > self._counts[-1]:
             self._counts.append(count)
             self._times.append(now_s)
+            self._recent.append((now_s, count))
+
+    def release_interval_s(self, now_s: float) -> float:
+        """Mean seconds between the pool's releases over the recent breakpoints, the
+        time since the last one included (0: no history yet)."""
+        if len(self._recent) < 2:
+            return 0.0
+        t0, c0 = self._recent[0]
+        n = self._recent[-1][1] - c0
+        return max(0.0, now_s - t0) / n if n > 0 else 0.0
 
     def starving(self, pool: PromptPool, now_s: float, tick: int
                  ) -> Iterator[tuple[PoolRequest, bool]]:
@@ -106,15 +134,19 @@ class Ageing:
         soft_left = r.soft_scan
         factor = r.fcfs_wait_factor
         look = r.soft_scan if factor != 1.0 else 0  # deadlines may not grow along FCFS
+        # slot-wait lead: the k-th request past its FCFS turn waits ~k release intervals
+        step_s = r.slot_wait_lead * self.release_interval_s(now_s) if fcfs is not None else 0.0
+        lead_s = 0.0
         for req, rank, _overtaken in pool.fcfs_ranks():
             if ttft is None and released <= rank:
                 return  # its FCFS turn has not come, nor that of any later entry
             wait = -1.0  # the largest share of a budget the request has used
             if fcfs is not None and released > rank:
+                lead_s += step_s
                 turn = self.released_at(rank + 1)
                 if turn is not None:
                     base = req.enqueued_s + factor * (turn - req.enqueued_s)
-                    wait = _share(now_s - base, fcfs)
+                    wait = _share(now_s + lead_s - base, fcfs)
             if ttft is not None:
                 wait = max(wait, _share(now_s - req.arrival_s, ttft))
             if wait >= 1.0:

@@ -46,6 +46,11 @@ class TickOptions(Options):
     ageing_soft_share: float = option(
         0.25, ge=0, le=1, doc="fairness lead time: a request past this share of its "
         "slack (or TTFT budget) is placed first where it fits without overflow (1: off)")
+    slot_wait_lead: float = option(
+        0.0, ge=0, doc="fairness: act this many expected slot waits before the deadline "
+        "(the k-th request past its FCFS turn by k x the pool's mean time between "
+        "releases), so a late request is placed by its deadline, not first in line at it "
+        "(0: at the deadline)")
     ageing_soft_fill: float = option(
         0.5, ge=0, le=1, doc="ageing: such a request is placed first only where it fills "
         "at least this share of the replica's margin (its peak)")
@@ -62,7 +67,8 @@ class TickOptions(Options):
     def ageing_rule(self) -> AgeingRule:
         return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
                           soft_share=self.ageing_soft_share,
-                          fcfs_wait_factor=self.fcfs_wait_factor)
+                          fcfs_wait_factor=self.fcfs_wait_factor,
+                          slot_wait_lead=self.slot_wait_lead)
 
 
 @dataclass(frozen=True, slots=True)

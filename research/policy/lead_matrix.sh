@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 26, session 2: the fairness lead time sized to the expected slot wait.
+# Saturated whole-run cells, 4 paired windows of 1,000 requests, G in $GS, workloads in
+# $WORKLOADS; policies: jsq, br0 with ageing off, and the br0 variants in $VARIANTS
+# (default: the selection set below). Usage:
+#   research/policy/lead_matrix.sh OUT_DIR TRACE_DIR SHARED_TRACES
+# Selection (choose the default on them): r1, chat_rag, reasoning at G = 8 (the cells
+# whose bound was missed by the most); the rest of the matrix checks the choice.
+set -euo pipefail
+out=$1; syn=$2; tr=$3
+py=${PYTHON:-.venv/bin/python}
+mkdir -p "$out"
+declare -A TRACES=(
+  [r1]="--trace $tr/servegen/deepseek_r1_5rps_1h.csv --min-output 1001"
+  [mooncake]="--trace $tr/mooncake/conversation_trace.jsonl"
+  [azure_conv]="--trace $tr/azure2023/AzureLLMInferenceTrace_conv.csv"
+  [chat_rag]="--trace $syn/chat_rag.jsonl --format jsonl"
+  [reasoning]="--trace $syn/reasoning.jsonl --format jsonl"
+)
+# name=factor:slack:lead (factor x FCFS wait + slack s, slot-wait lead)
+VARIANTS=${VARIANTS:-"f2s120l0=2:120:0 f2s120l1=2:120:1 f2s120l2=2:120:2 f2s30l0=2:30:0 f2s30l1=2:30:1"}
+pols="jsq,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None)
+for v in $VARIANTS; do
+  name=${v%%=*}; IFS=: read -r f s l <<< "${v#*=}"
+  pols="$pols,$name=br0"
+  opts+=(--policy-option "$name.fcfs_wait_factor=$f" --policy-option "$name.max_wait_beyond_fcfs_s=$s"
+         --policy-option "$name.slot_wait_lead=$l")
+done
+for g in ${GS:-8}; do
+  for w in ${WORKLOADS:-r1 chat_rag reasoning}; do
+    d=$out/${w}_g$g
+    [ -f "$d/summary.json" ] && continue
+    # shellcheck disable=SC2086
+    nice -n 19 "$py" -m br_serve.cli sim ${TRACES[$w]} --sim-saturated --limit 1000 \
+      --replays "${REPLAYS:-4}" --replicas "$g" --jobs "${JOBS:-2}" --no-plots --out "$d" \
+      --policies "$pols" "${opts[@]}" > "$d.log" 2>&1 || echo "failed $d"
+  done
+done
