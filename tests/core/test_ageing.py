@@ -63,6 +63,27 @@ def test_relative_rule_scales_with_the_fcfs_wait() -> None:
     assert _tick(ag1, pool1, 15.0, []) == [("r0", True)]
 
 
+def test_slot_wait_lead_acts_before_the_deadline_by_the_expected_slot_wait() -> None:
+    """The pool releases one request a second from t = 1 (r2..r5); r0's FCFS turn came
+    at t = 1 and r1's at t = 2, so with factor 1 and slack 10 they are due at 11 and 12.
+    With ``slot_wait_lead = 1`` the k-th of them counts k mean release intervals
+    early: at ``now`` the interval is ``(now - 1) / 4`` (4 releases since t = 1), so
+    r0 is hard from ``now + (now - 1) / 4 >= 11``, i.e. t = 9, and r1 (two slots
+    away) with it; without the lead both wait for their own deadlines."""
+    def run(lead: float) -> list[list[tuple[str, bool]]]:
+        ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=10.0, soft_share=1.0,
+                               slot_wait_lead=lead))
+        pool = _pool([5000, 6000, 10, 10, 10, 10, 10])
+        for t, rid in ((1.0, "r2"), (2.0, "r3"), (3.0, "r4"), (4.0, "r5")):
+            assert _tick(ag, pool, t, [rid]) == []
+        assert ag.release_interval_s(5.0) == 1.0
+        return [_tick(ag, pool, t, []) for t in (8.9, 9.0, 11.0, 12.0)]
+
+    assert run(1.0) == [[], [("r0", True), ("r1", True)], [("r0", True), ("r1", True)],
+                        [("r0", True), ("r1", True)]]
+    assert run(0.0) == [[], [], [("r0", True)], [("r0", True), ("r1", True)]]
+
+
 def test_ttft_budget_counts_from_arrival() -> None:
     ag = Ageing(AgeingRule(ttft_budget_s=4.0, soft_share=1.0))
     pool = _pool([100, 200], arrival_s=0.0)
