@@ -26,8 +26,17 @@ minutes on long-output workloads that way). So the rule acts early by the expect
 wait for its slot: the ``k``-th request of the scan whose FCFS turn has come (``k - 1``
 such requests ahead of it, every one due no later in a saturated pool) counts as
 ``slot_wait_lead x k x (mean time between the pool's releases)`` seconds later than
-``now`` (both phases shift). The mean is measured over the last releases (up to
-``_RATE_WINDOW`` breakpoints, up to ``now``); with no history the lead is 0.
+``now`` (both phases shift). The lead grows along the scan, so a later request can be
+urgent while those ahead of it are not: every request ahead of an urgent one is then
+placed first too (they come before it, oldest first), and the scan reads every request
+whose turn has come. A request FCFS would release at this tick (its rank below
+``released + free_slots``) has its turn *now*: skipped, it waits for a later slot.
+The mean is measured over the last releases (up to ``_RATE_WINDOW`` breakpoints, up to
+``now``; releases at one instant count as one breakpoint, so the burst that fills an
+empty cluster is not a rate); before any release after the first instant the wait for
+a later slot is unknown and taken as unbounded: a request whose turn has come is
+placed first (a cold cluster's first tick is FCFS in *which* requests, BalanceRoute's
+in *where*).
 
 Why relative: in a deep pool (a backlog) every request waits long under FCFS too, and
 the slot turnover that would serve an absolute 30 s budget is slower than the budgets
@@ -109,22 +118,28 @@ class Ageing:
         if not self._counts or count > self._counts[-1]:
             self._counts.append(count)
             self._times.append(now_s)
-            self._recent.append((now_s, count))
+            recent = self._recent
+            if recent and recent[-1][0] >= now_s:
+                recent[-1] = (recent[-1][0], count)  # one instant, one breakpoint
+            else:
+                recent.append((now_s, count))
 
     def release_interval_s(self, now_s: float) -> float:
         """Mean seconds between the pool's releases over the recent breakpoints, the
-        time since the last one included (0: no history yet)."""
+        time since the last one included (inf: no release after the first instant)."""
         if len(self._recent) < 2:
-            return 0.0
+            return float("inf")
         t0, c0 = self._recent[0]
         n = self._recent[-1][1] - c0
-        return max(0.0, now_s - t0) / n if n > 0 else 0.0
+        return max(0.0, now_s - t0) / n
 
-    def starving(self, pool: PromptPool, now_s: float, tick: int
+    def starving(self, pool: PromptPool, now_s: float, tick: int, free_slots: int = 0
                  ) -> Iterator[tuple[PoolRequest, bool]]:
         """``(request, hard)`` of the starving requests, oldest first (lazy: a tick
         stops when its slots run out). ``hard``: past a budget (place it now); else past
-        ``soft_share`` of one (place it first where it fits; at most ``soft_scan``)."""
+        ``soft_share`` of one (place it first where it fits; at most ``soft_scan``).
+        ``free_slots``: the tick's free slots (with the slot-wait lead: the requests
+        FCFS would release now have their turn now)."""
         r = self.rule
         fcfs, ttft = r.max_wait_beyond_fcfs_s, r.ttft_budget_s
         if fcfs is None and ttft is None:
@@ -135,29 +150,49 @@ class Ageing:
         factor = r.fcfs_wait_factor
         look = r.soft_scan if factor != 1.0 else 0  # deadlines may not grow along FCFS
         # slot-wait lead: the k-th request past its FCFS turn waits ~k release intervals
-        step_s = r.slot_wait_lead * self.release_interval_s(now_s) if fcfs is not None else 0.0
+        step_s, due = 0.0, released  # ranks below ``due`` have had their turn
+        if fcfs is not None and r.slot_wait_lead > 0:
+            step_s = r.slot_wait_lead * self.release_interval_s(now_s)
+            due += free_slots
         lead_s = 0.0
+        lead = step_s > 0
+        # with the lead: the due requests scanned since the last urgent one, and whether
+        # each is soft; an urgent one makes every request ahead of it hard (EDF: they
+        # are placed before it, oldest first)
+        pending: list[tuple[PoolRequest, bool]] = []
         for req, rank, _overtaken in pool.fcfs_ranks():
-            if ttft is None and released <= rank:
-                return  # its FCFS turn has not come, nor that of any later entry
+            is_due = due > rank
+            if ttft is None and not is_due:
+                break  # its FCFS turn has not come, nor that of any later entry
             wait = -1.0  # the largest share of a budget the request has used
-            if fcfs is not None and released > rank:
+            if fcfs is not None and is_due:
                 lead_s += step_s
-                turn = self.released_at(rank + 1)
+                turn = now_s if released <= rank else self.released_at(rank + 1)
                 if turn is not None:
                     base = req.enqueued_s + factor * (turn - req.enqueued_s)
                     wait = _share(now_s + lead_s - base, fcfs)
             if ttft is not None:
                 wait = max(wait, _share(now_s - req.arrival_s, ttft))
             if wait >= 1.0:
+                for ahead, _soft in pending:
+                    yield ahead, True
+                pending.clear()
                 yield req, True
             elif wait >= r.soft_share and r.soft_share < 1.0 and soft_left > 0:
                 soft_left -= 1
-                yield req, False
+                if lead and is_due:
+                    pending.append((req, True))
+                else:
+                    yield req, False
+            elif lead and is_due:
+                pending.append((req, False))  # an urgent one further on may need it
             elif look > 0:
                 look -= 1
             else:
-                return
+                break
+        for req, soft in pending:
+            if soft:
+                yield req, False
 
     def record(self, pool: PromptPool, assigned: int, now_s: float) -> None:
         """The tick released ``assigned`` requests at ``now_s`` (the caller removes

@@ -67,21 +67,38 @@ def test_slot_wait_lead_acts_before_the_deadline_by_the_expected_slot_wait() -> 
     """The pool releases one request a second from t = 1 (r2..r5); r0's FCFS turn came
     at t = 1 and r1's at t = 2, so with factor 1 and slack 10 they are due at 11 and 12.
     With ``slot_wait_lead = 1`` the k-th of them counts k mean release intervals
-    early: at ``now`` the interval is ``(now - 1) / 4`` (4 releases since t = 1), so
-    r0 is hard from ``now + (now - 1) / 4 >= 11``, i.e. t = 9, and r1 (two slots
-    away) with it; without the lead both wait for their own deadlines."""
+    early: at ``now`` the interval is ``(now - 1) / 3`` (3 releases after the first
+    instant, t = 1), so r1 (two slots away) is urgent from ``now + 2 (now - 1) / 3 >=
+    12``, i.e. t = 7.6, before r0 (``now + (now - 1) / 3 >= 11``: t = 8.5), and r0,
+    ahead of it, is placed first with it; without the lead both wait for their deadlines.
+    At t = 2 no release has followed the first instant yet: the slot wait is unknown
+    and r0, whose turn has come, is placed first (the test's ticks do not place it)."""
     def run(lead: float) -> list[list[tuple[str, bool]]]:
         ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=10.0, soft_share=1.0,
                                slot_wait_lead=lead))
         pool = _pool([5000, 6000, 10, 10, 10, 10, 10])
-        for t, rid in ((1.0, "r2"), (2.0, "r3"), (3.0, "r4"), (4.0, "r5")):
-            assert _tick(ag, pool, t, [rid]) == []
-        assert ag.release_interval_s(5.0) == 1.0
-        return [_tick(ag, pool, t, []) for t in (8.9, 9.0, 11.0, 12.0)]
+        out = [_tick(ag, pool, t, [rid])
+               for t, rid in ((1.0, "r2"), (2.0, "r3"), (3.0, "r4"), (4.0, "r5"))]
+        if lead:
+            assert ag.release_interval_s(7.0) == 2.0
+        return out + [_tick(ag, pool, t, []) for t in (7.5, 8.0, 11.0, 12.0)]
 
-    assert run(1.0) == [[], [("r0", True), ("r1", True)], [("r0", True), ("r1", True)],
-                        [("r0", True), ("r1", True)]]
-    assert run(0.0) == [[], [], [("r0", True)], [("r0", True), ("r1", True)]]
+    both = [("r0", True), ("r1", True)]
+    assert run(1.0) == [[], [("r0", True)], [], [], [], both, both, both]
+    assert run(0.0) == [[], [], [], [], [], [], [("r0", True)], both]
+
+
+def test_a_cold_pool_places_the_requests_fcfs_would_release_now_first() -> None:
+    """No release yet: the wait for a later slot is unknown, so with the lead on the
+    requests FCFS would release at this tick (the first ``free_slots`` ranks) are
+    placed first; the next one's turn has not come. Without the lead nobody is due."""
+    ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0,
+                           slot_wait_lead=1.0))
+    pool = _pool([5000, 6000, 10])
+    got = [(r.request_id, hard) for r, hard in ag.starving(pool, 0.0, 0, free_slots=2)]
+    assert got == [("r0", True), ("r1", True)]
+    off = Ageing(AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0))
+    assert list(off.starving(pool, 0.0, 0, free_slots=2)) == []
 
 
 def test_ttft_budget_counts_from_arrival() -> None:

@@ -61,6 +61,12 @@ class TickOptions(Options):
         0.0, ge=0, doc="shallow pool: hold a request that would overflow every open "
         "replica for up to this long since it entered the pool (0: never hold)")
 
+    def free_now(self, cluster: ClusterSnapshot) -> int:
+        """The tick's free slots where the fairness rule needs them (slot-wait lead)."""
+        if not self.slot_wait_lead or self.max_wait_beyond_fcfs_s is None:
+            return 0
+        return int(cluster.free_slots.sum())
+
     def resolved_s_greedy(self, replicas: int) -> int:
         return replicas if self.s_greedy is None else self.s_greedy
 
@@ -180,7 +186,7 @@ class BR0(PolicyBase[BR0Options]):
         res = run_two_stage(
             cluster, pool, scalar_model(cluster, c),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
-            starving=self.ageing.starving(pool, now_s, tick),
+            starving=self.ageing.starving(pool, now_s, tick, c.free_now(cluster)),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s, idle=idle, size_caps=caps)
         self.ageing.record(pool, len(res.assignments), now_s)
