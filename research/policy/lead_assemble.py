@@ -9,6 +9,7 @@ worst window) and its max over all windows. The rule "TTFT <= 2 x FCFS TTFT + sl
 holds at P99 where the P99 excess is <= the slack.
 
     python research/policy/lead_assemble.py OUT_JSON MATRIX_DIR [MATRIX_DIR ...]
+    (a cell's runs from several MATRIX_DIRs are merged, the first one's kept per label)
         [--labels a,b,...]
 """
 
@@ -52,7 +53,7 @@ def cell(doc: dict[str, Any]) -> dict[str, Any]:
             "fcfs_replay_delay_s_p99": sum(mine[k]["fcfs_replay_delay_s_p99"]
                                            for k in keys) / len(keys)}
     off = out.get("off", {}).get("whole_run_gain", {}).get("mean")
-    for lab, row in out.items():
+    for row in out.values():
         row["ratio_to_off"] = row["whole_run_gain"]["mean"] / off if off else None
     return out
 
@@ -68,11 +69,15 @@ def main() -> None:
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--labels", default=None)
     a = ap.parse_args()
-    cells: dict[str, Any] = {}
-    for d in a.dirs:
-        for f in sorted(Path(d).glob("*/summary.json")):
-            cells[f.parent.name] = cell(json.loads(f.read_text()))
     want = None if a.labels is None else a.labels.split(",")
+    runs: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
+    for d in a.dirs:  # cells of several runs merge (the same windows: jsq is identical)
+        for f in sorted(Path(d).glob("*/summary.json")):
+            into = runs.setdefault(f.parent.name, {})
+            for r in json.loads(f.read_text())["runs"]:
+                if want is None or r["label"] in want or r["label"] == "jsq":
+                    into.setdefault((r["label"], r["replay"]), r)
+    cells = {name: cell({"runs": list(rs.values())}) for name, rs in sorted(runs.items())}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"cells": cells}, indent=2))
     print("| cell | variant | whole-run gain vs jsq % | ratio to off | TTFT P95 vs jsq % | "
@@ -80,8 +85,6 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, c in cells.items():
         for lab, r in c.items():
-            if want is not None and lab not in want:
-                continue
             ratio = r["ratio_to_off"]
             x = r["fcfs_rule_excess_s_p99"]
             print(f"| {name} | {lab} | {_ci(r['whole_run_gain'])} | "

@@ -2,7 +2,8 @@
 # Issue 26, session 2: the fairness lead time sized to the expected slot wait.
 # Saturated whole-run cells, 4 paired windows of 1,000 requests, G in $GS, workloads in
 # $WORKLOADS; policies: jsq, br0 with ageing off, and the br0 variants in $VARIANTS
-# (default: the selection set below). Usage:
+# (default: the selection set below; NO_OFF=1 leaves ageing off out, for a rerun whose
+# cells lead_assemble.py merges with an earlier one's). Usage:
 #   research/policy/lead_matrix.sh OUT_DIR TRACE_DIR SHARED_TRACES
 # Selection (choose the default on them): r1, chat_rag, reasoning at G = 8 (the cells
 # whose bound was missed by the most); the rest of the matrix checks the choice.
@@ -19,7 +20,8 @@ declare -A TRACES=(
 )
 # name=factor:slack:lead (factor x FCFS wait + slack s, slot-wait lead)
 VARIANTS=${VARIANTS:-"f2s120l0=2:120:0 f2s120l1=2:120:1 f2s120l2=2:120:2 f2s30l0=2:30:0 f2s30l1=2:30:1"}
-pols="jsq,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None)
+if [ -n "${NO_OFF:-}" ]; then pols="jsq"; opts=(); else
+  pols="jsq,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None); fi
 for v in $VARIANTS; do
   name=${v%%=*}; IFS=: read -r f s l <<< "${v#*=}"
   pols="$pols,$name=br0"
