@@ -78,6 +78,7 @@ class AgeingRule:
     soft_scan: int = 64
     fcfs_wait_factor: float = 1.0
     slot_wait_lead: float = 0.0
+    cold_start: bool = False
 
 
 #: release breakpoints the slot-wait lead measures the release interval over
@@ -133,13 +134,25 @@ class Ageing:
         n = self._recent[-1][1] - c0
         return max(0.0, now_s - t0) / n
 
+    @property
+    def cold(self) -> bool:
+        """No release after the pool's first instant yet (the slot wait is unknown)."""
+        return len(self._recent) < 2
+
+    def needs_free_slots(self) -> bool:
+        """Whether :meth:`starving` reads the tick's free slots (a cold pool, or the
+        slot-wait lead); else the caller may pass 0 and skip counting them."""
+        r = self.rule
+        return r.max_wait_beyond_fcfs_s is not None and (
+            r.slot_wait_lead > 0 or (r.cold_start and self.cold))
+
     def starving(self, pool: PromptPool, now_s: float, tick: int, free_slots: int = 0
                  ) -> Iterator[tuple[PoolRequest, bool]]:
         """``(request, hard)`` of the starving requests, oldest first (lazy: a tick
         stops when its slots run out). ``hard``: past a budget (place it now); else past
         ``soft_share`` of one (place it first where it fits; at most ``soft_scan``).
-        ``free_slots``: the tick's free slots (with the slot-wait lead: the requests
-        FCFS would release now have their turn now)."""
+        ``free_slots``: the tick's free slots (where :meth:`needs_free_slots`: the
+        requests FCFS would release now have their turn now)."""
         r = self.rule
         fcfs, ttft = r.max_wait_beyond_fcfs_s, r.ttft_budget_s
         if fcfs is None and ttft is None:
@@ -151,9 +164,11 @@ class Ageing:
         look = r.soft_scan if factor != 1.0 else 0  # deadlines may not grow along FCFS
         # slot-wait lead: the k-th request past its FCFS turn waits ~k release intervals
         step_s, due = 0.0, released  # ranks below ``due`` have had their turn
-        if fcfs is not None and r.slot_wait_lead > 0:
-            step_s = r.slot_wait_lead * self.release_interval_s(now_s)
+        cold = fcfs is not None and r.cold_start and self.cold
+        if fcfs is not None and (r.slot_wait_lead > 0 or cold):
             due += free_slots
+            if r.slot_wait_lead > 0:
+                step_s = r.slot_wait_lead * self.release_interval_s(now_s)
         lead_s = 0.0
         lead = step_s > 0
         # with the lead: the due requests scanned since the last urgent one, and whether
@@ -168,7 +183,9 @@ class Ageing:
             if fcfs is not None and is_due:
                 lead_s += step_s
                 turn = now_s if released <= rank else self.released_at(rank + 1)
-                if turn is not None:
+                if cold and released <= rank:
+                    wait = float("inf")  # a cold pool: a later slot's wait is unknown
+                elif turn is not None:
                     base = req.enqueued_s + factor * (turn - req.enqueued_s)
                     wait = _share(now_s + lead_s - base, fcfs)
             if ttft is not None:

@@ -18,15 +18,16 @@ declare -A TRACES=(
   [chat_rag]="--trace $syn/chat_rag.jsonl --format jsonl"
   [reasoning]="--trace $syn/reasoning.jsonl --format jsonl"
 )
-# name=factor:slack:lead (factor x FCFS wait + slack s, slot-wait lead)
+# name=factor:slack:lead[:cold] (factor x FCFS wait + slack s, slot-wait lead,
+# fcfs_cold_start true/false)
 VARIANTS=${VARIANTS:-"f2s120l0=2:120:0 f2s120l1=2:120:1 f2s120l2=2:120:2 f2s30l0=2:30:0 f2s30l1=2:30:1"}
 if [ -n "${NO_OFF:-}" ]; then pols="jsq"; opts=(); else
   pols="jsq,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None); fi
 for v in $VARIANTS; do
-  name=${v%%=*}; IFS=: read -r f s l <<< "${v#*=}"
+  name=${v%%=*}; IFS=: read -r f s l c <<< "${v#*=}"
   pols="$pols,$name=br0"
   opts+=(--policy-option "$name.fcfs_wait_factor=$f" --policy-option "$name.max_wait_beyond_fcfs_s=$s"
-         --policy-option "$name.slot_wait_lead=$l")
+         --policy-option "$name.slot_wait_lead=$l" --policy-option "$name.fcfs_cold_start=${c:-false}")
 done
 for g in ${GS:-8}; do
   for w in ${WORKLOADS:-r1 chat_rag reasoning}; do

@@ -89,16 +89,29 @@ def test_slot_wait_lead_acts_before_the_deadline_by_the_expected_slot_wait() -> 
 
 
 def test_a_cold_pool_places_the_requests_fcfs_would_release_now_first() -> None:
-    """No release yet: the wait for a later slot is unknown, so with the lead on the
-    requests FCFS would release at this tick (the first ``free_slots`` ranks) are
-    placed first; the next one's turn has not come. Without the lead nobody is due."""
-    ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0,
-                           slot_wait_lead=1.0))
-    pool = _pool([5000, 6000, 10])
-    got = [(r.request_id, hard) for r, hard in ag.starving(pool, 0.0, 0, free_slots=2)]
-    assert got == [("r0", True), ("r1", True)]
+    """No release after the first instant yet: the wait for a later slot is unknown, so
+    with ``cold_start`` (or the slot-wait lead) the requests FCFS would release at this
+    tick (the first ``free_slots`` ranks) are placed first; the next one's turn has not
+    come. Without either nobody is due; once a release follows, the pool is warm."""
+    for rule in (AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0,
+                            cold_start=True),
+                 AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0,
+                            slot_wait_lead=1.0)):
+        ag = Ageing(rule)
+        pool = _pool([5000, 6000, 10])
+        got = [(r.request_id, hard) for r, hard in ag.starving(pool, 0.0, 0, free_slots=2)]
+        assert got == [("r0", True), ("r1", True)]
+        assert ag.needs_free_slots()
     off = Ageing(AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0))
-    assert list(off.starving(pool, 0.0, 0, free_slots=2)) == []
+    assert list(off.starving(_pool([5000, 6000, 10]), 0.0, 0, free_slots=2)) == []
+    assert not off.needs_free_slots()
+    warm = Ageing(AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0,
+                             cold_start=True))
+    pool = _pool([5000, 6000, 10, 10])
+    assert _tick(warm, pool, 0.0, ["r2"]) == []  # nothing free: nobody's turn
+    assert _tick(warm, pool, 1.0, ["r3"]) == []
+    assert not warm.cold and not warm.needs_free_slots()
+    assert list(warm.starving(pool, 2.0, 0, free_slots=2)) == []  # r0: due at 2 x 0 + 120
 
 
 def test_ttft_budget_counts_from_arrival() -> None:

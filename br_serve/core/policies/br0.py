@@ -51,6 +51,11 @@ class TickOptions(Options):
         "(the k-th request past its FCFS turn by k x the pool's mean time between "
         "releases), so a late request is placed by its deadline, not first in line at it "
         "(0: at the deadline)")
+    fcfs_cold_start: bool = option(
+        False, doc="fairness: until the pool has released after its first instant (the "
+        "wait for a later slot unknown), the requests FCFS would release at a tick are "
+        "placed first (a cold cluster's first tick is FCFS in which requests, "
+        "BalanceRoute's in where)")
     ageing_soft_fill: float = option(
         0.5, ge=0, le=1, doc="ageing: such a request is placed first only where it fills "
         "at least this share of the replica's margin (its peak)")
@@ -61,12 +66,6 @@ class TickOptions(Options):
         0.0, ge=0, doc="shallow pool: hold a request that would overflow every open "
         "replica for up to this long since it entered the pool (0: never hold)")
 
-    def free_now(self, cluster: ClusterSnapshot) -> int:
-        """The tick's free slots where the fairness rule needs them (slot-wait lead)."""
-        if not self.slot_wait_lead or self.max_wait_beyond_fcfs_s is None:
-            return 0
-        return int(cluster.free_slots.sum())
-
     def resolved_s_greedy(self, replicas: int) -> int:
         return replicas if self.s_greedy is None else self.s_greedy
 
@@ -74,7 +73,8 @@ class TickOptions(Options):
         return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
                           soft_share=self.ageing_soft_share,
                           fcfs_wait_factor=self.fcfs_wait_factor,
-                          slot_wait_lead=self.slot_wait_lead)
+                          slot_wait_lead=self.slot_wait_lead,
+                          cold_start=self.fcfs_cold_start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +186,9 @@ class BR0(PolicyBase[BR0Options]):
         res = run_two_stage(
             cluster, pool, scalar_model(cluster, c),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
-            starving=self.ageing.starving(pool, now_s, tick, c.free_now(cluster)),
+            starving=self.ageing.starving(
+                pool, now_s, tick,
+                int(cluster.free_slots.sum()) if self.ageing.needs_free_slots() else 0),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s, idle=idle, size_caps=caps)
         self.ageing.record(pool, len(res.assignments), now_s)
