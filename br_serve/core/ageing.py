@@ -33,10 +33,15 @@ whose turn has come. A request FCFS would release at this tick (its rank below
 ``released + free_slots``) has its turn *now*: skipped, it waits for a later slot.
 The mean is measured over the last releases (up to ``_RATE_WINDOW`` breakpoints, up to
 ``now``; releases at one instant count as one breakpoint, so the burst that fills an
-empty cluster is not a rate); before any release after the first instant the wait for
-a later slot is unknown and taken as unbounded: a request whose turn has come is
-placed first (a cold cluster's first tick is FCFS in *which* requests, BalanceRoute's
-in *where*).
+empty cluster is not a rate); before any release after the first instant it is
+unknown and taken as unbounded.
+
+**Cold start** (``cold_start``): the same unknown, alone. Until the pool has released
+after its first instant, a request FCFS would release at this tick is placed first (a
+cold cluster's first tick is FCFS in *which* requests, BalanceRoute's in *where*). A
+saturated start fills every slot at once; a request skipped then waits for the first
+end, which with long outputs comes after any small slack: that start-up burst was the
+whole P99 excess of the 2 x + 30 s rule on ServeGen R1 (docs/core.md).
 
 Why relative: in a deep pool (a backlog) every request waits long under FCFS too, and
 the slot turnover that would serve an absolute 30 s budget is slower than the budgets
