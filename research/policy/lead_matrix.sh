@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26, session 2: the fairness lead time sized to the expected slot wait.
+# Issue 26, session 2: fairness variants of br0 (slack, factor) on the saturated matrix.
 # Saturated whole-run cells, 4 paired windows of 1,000 requests, G in $GS, workloads in
 # $WORKLOADS; policies: jsq, br0 with ageing off, and the br0 variants in $VARIANTS
 # (default: the selection set below; NO_OFF=1 leaves ageing off out, for a rerun whose
@@ -18,16 +18,15 @@ declare -A TRACES=(
   [chat_rag]="--trace $syn/chat_rag.jsonl --format jsonl"
   [reasoning]="--trace $syn/reasoning.jsonl --format jsonl"
 )
-# name=factor:slack:lead[:cold] (factor x FCFS wait + slack s, slot-wait lead,
-# fcfs_cold_start true/false)
-VARIANTS=${VARIANTS:-"f2s120l0=2:120:0 f2s120l1=2:120:1 f2s120l2=2:120:2 f2s30l0=2:30:0 f2s30l1=2:30:1"}
+# name=factor:slack (factor x FCFS wait + slack s). The slot-wait lead and the cold
+# start (lead:cold fields) were measured at commits 41c352e / bea9d20 and removed.
+VARIANTS=${VARIANTS:-"f2s120l0=2:120 f2s30l0=2:30"}
 if [ -n "${NO_OFF:-}" ]; then pols="jsq"; opts=(); else
   pols="jsq,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None); fi
 for v in $VARIANTS; do
-  name=${v%%=*}; IFS=: read -r f s l c <<< "${v#*=}"
+  name=${v%%=*}; IFS=: read -r f s <<< "${v#*=}"
   pols="$pols,$name=br0"
-  opts+=(--policy-option "$name.fcfs_wait_factor=$f" --policy-option "$name.max_wait_beyond_fcfs_s=$s"
-         --policy-option "$name.slot_wait_lead=$l" --policy-option "$name.fcfs_cold_start=${c:-false}")
+  opts+=(--policy-option "$name.fcfs_wait_factor=$f" --policy-option "$name.max_wait_beyond_fcfs_s=$s")
 done
 for g in ${GS:-8}; do
   for w in ${WORKLOADS:-r1 chat_rag reasoning}; do

@@ -63,57 +63,6 @@ def test_relative_rule_scales_with_the_fcfs_wait() -> None:
     assert _tick(ag1, pool1, 15.0, []) == [("r0", True)]
 
 
-def test_slot_wait_lead_acts_before_the_deadline_by_the_expected_slot_wait() -> None:
-    """The pool releases one request a second from t = 1 (r2..r5); r0's FCFS turn came
-    at t = 1 and r1's at t = 2, so with factor 1 and slack 10 they are due at 11 and 12.
-    With ``slot_wait_lead = 1`` the k-th of them counts k mean release intervals
-    early: at ``now`` the interval is ``(now - 1) / 3`` (3 releases after the first
-    instant, t = 1), so r1 (two slots away) is urgent from ``now + 2 (now - 1) / 3 >=
-    12``, i.e. t = 7.6, before r0 (``now + (now - 1) / 3 >= 11``: t = 8.5), and r0,
-    ahead of it, is placed first with it; without the lead both wait for their deadlines.
-    At t = 2 no release has followed the first instant yet: the slot wait is unknown
-    and r0, whose turn has come, is placed first (the test's ticks do not place it)."""
-    def run(lead: float) -> list[list[tuple[str, bool]]]:
-        ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=10.0, soft_share=1.0,
-                               slot_wait_lead=lead))
-        pool = _pool([5000, 6000, 10, 10, 10, 10, 10])
-        out = [_tick(ag, pool, t, [rid])
-               for t, rid in ((1.0, "r2"), (2.0, "r3"), (3.0, "r4"), (4.0, "r5"))]
-        if lead:
-            assert ag.release_interval_s(7.0) == 2.0
-        return out + [_tick(ag, pool, t, []) for t in (7.5, 8.0, 11.0, 12.0)]
-
-    both = [("r0", True), ("r1", True)]
-    assert run(1.0) == [[], [("r0", True)], [], [], [], both, both, both]
-    assert run(0.0) == [[], [], [], [], [], [], [("r0", True)], both]
-
-
-def test_a_cold_pool_places_the_requests_fcfs_would_release_now_first() -> None:
-    """No release after the first instant yet: the wait for a later slot is unknown, so
-    with ``cold_start`` (or the slot-wait lead) the requests FCFS would release at this
-    tick (the first ``free_slots`` ranks) are placed first; the next one's turn has not
-    come. Without either nobody is due; once a release follows, the pool is warm."""
-    for rule in (AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0,
-                            cold_start=True),
-                 AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0,
-                            slot_wait_lead=1.0)):
-        ag = Ageing(rule)
-        pool = _pool([5000, 6000, 10])
-        got = [(r.request_id, hard) for r, hard in ag.starving(pool, 0.0, 0, free_slots=2)]
-        assert got == [("r0", True), ("r1", True)]
-        assert ag.needs_free_slots()
-    off = Ageing(AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0))
-    assert list(off.starving(_pool([5000, 6000, 10]), 0.0, 0, free_slots=2)) == []
-    assert not off.needs_free_slots()
-    warm = Ageing(AgeingRule(max_wait_beyond_fcfs_s=120.0, fcfs_wait_factor=2.0,
-                             cold_start=True))
-    pool = _pool([5000, 6000, 10, 10])
-    assert _tick(warm, pool, 0.0, ["r2"]) == []  # nothing free: nobody's turn
-    assert _tick(warm, pool, 1.0, ["r3"]) == []
-    assert not warm.cold and not warm.needs_free_slots()
-    assert list(warm.starving(pool, 2.0, 0, free_slots=2)) == []  # r0: due at 2 x 0 + 120
-
-
 def test_ttft_budget_counts_from_arrival() -> None:
     ag = Ageing(AgeingRule(ttft_budget_s=4.0, soft_share=1.0))
     pool = _pool([100, 200], arrival_s=0.0)

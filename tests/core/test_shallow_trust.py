@@ -98,23 +98,22 @@ def test_hold_never_exceeds_its_budget(st_: tuple[ClusterSnapshot, PromptPool],
 @given(st_=states(max_g=10, kv=True, dead=True), s_greedy=st.integers(0, 12),
        r_max=st.integers(1, 5), shallow=st.booleans(),
        hold=st.sampled_from([0.0, 100.0]), fcfs=st.sampled_from([None, 0.0, 30.0]),
-       soft=st.sampled_from([0.0, 0.25, 1.0]), lead=st.sampled_from([0.0, 1.0]),
-       factor=st.sampled_from([1.0, 2.0]), cold=st.booleans(),
+       soft=st.sampled_from([0.0, 0.25, 1.0]), factor=st.sampled_from([1.0, 2.0]),
        decode=st.sampled_from([None, 0.0, 0.5]),
        step=st.sampled_from([None, 1, 25]))
 def test_brh_h0_equals_br0_with_the_new_options(
         st_: tuple[ClusterSnapshot, PromptPool], s_greedy: int, r_max: int, shallow: bool,
-        hold: float, fcfs: float | None, soft: float, lead: float, factor: float,
-        cold: bool, decode: float | None, step: int | None) -> None:
+        hold: float, fcfs: float | None, soft: float, factor: float,
+        decode: float | None, step: int | None) -> None:
     """``horizon=0, alpha=1, beta=G`` is BR-0 under every ageing (slack, factor, lead
-    times, cold start), shallow-pool, hold and trust setting (the options BR-H shares with BR-0 set
+    time), shallow-pool, hold and trust setting (the options BR-H shares with BR-0 set
     alike), over a few ticks so the ageing clock matters."""
     cluster, pool = st_
     g_alive = int(cluster.alive.sum())
     common: dict[str, object] = {
         "s_greedy": s_greedy, "r_max": r_max, "shallow_pool": shallow,
         "hold_budget_ms": hold, "max_wait_beyond_fcfs_s": fcfs, "ageing_soft_share": soft,
-        "slot_wait_lead": lead, "fcfs_wait_factor": factor, "fcfs_cold_start": cold}
+        "fcfs_wait_factor": factor}
     br0 = build_policy("br0", common)
     brh = build_policy("brh", {"horizon": 0, "alpha": 1.0, "beta": float(g_alive),
                                "trust_decode_share": decode, "horizon_step": step, **common},

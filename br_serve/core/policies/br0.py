@@ -34,7 +34,7 @@ class TickOptions(Options):
     r_max: int = option(4, ge=1, le=10, doc="Stage 2 candidates per replica (2^r_max - 1 "
                         "subsets are enumerated)")
     max_wait_beyond_fcfs_s: float | None = option(
-        120.0, ge=0, doc="fairness slack: a request's pool wait is kept within "
+        30.0, ge=0, doc="fairness slack: a request's pool wait is kept within "
         "fcfs_wait_factor x its FCFS pool wait + this many seconds (None: no bound)")
     fcfs_wait_factor: float = option(
         2.0, ge=1, doc="fairness factor: the bound's multiple of the request's FCFS pool "
@@ -46,16 +46,6 @@ class TickOptions(Options):
     ageing_soft_share: float = option(
         0.25, ge=0, le=1, doc="fairness lead time: a request past this share of its "
         "slack (or TTFT budget) is placed first where it fits without overflow (1: off)")
-    slot_wait_lead: float = option(
-        0.0, ge=0, doc="fairness: act this many expected slot waits before the deadline "
-        "(the k-th request past its FCFS turn by k x the pool's mean time between "
-        "releases), so a late request is placed by its deadline, not first in line at it "
-        "(0: at the deadline)")
-    fcfs_cold_start: bool = option(
-        False, doc="fairness: until the pool has released after its first instant (the "
-        "wait for a later slot unknown), the requests FCFS would release at a tick are "
-        "placed first (a cold cluster's first tick is FCFS in which requests, "
-        "BalanceRoute's in where)")
     ageing_soft_fill: float = option(
         0.5, ge=0, le=1, doc="ageing: such a request is placed first only where it fills "
         "at least this share of the replica's margin (its peak)")
@@ -72,9 +62,7 @@ class TickOptions(Options):
     def ageing_rule(self) -> AgeingRule:
         return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
                           soft_share=self.ageing_soft_share,
-                          fcfs_wait_factor=self.fcfs_wait_factor,
-                          slot_wait_lead=self.slot_wait_lead,
-                          cold_start=self.fcfs_cold_start)
+                          fcfs_wait_factor=self.fcfs_wait_factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +174,7 @@ class BR0(PolicyBase[BR0Options]):
         res = run_two_stage(
             cluster, pool, scalar_model(cluster, c),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
-            starving=self.ageing.starving(
-                pool, now_s, tick,
-                int(cluster.free_slots.sum()) if self.ageing.needs_free_slots() else 0),
+            starving=self.ageing.starving(pool, now_s, tick),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s, idle=idle, size_caps=caps)
         self.ageing.record(pool, len(res.assignments), now_s)

@@ -150,9 +150,7 @@ class BRH(PolicyBase[BRHOptions]):
         res = run_two_stage(
             cluster, pool, model,
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
-            starving=self.ageing.starving(
-                pool, now_s, tick,
-                int(cluster.free_slots.sum()) if self.ageing.needs_free_slots() else 0),
+            starving=self.ageing.starving(pool, now_s, tick),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s)
         self.ageing.record(pool, len(res.assignments), now_s)
