@@ -34,7 +34,7 @@ class TickOptions(Options):
     r_max: int = option(4, ge=1, le=10, doc="Stage 2 candidates per replica (2^r_max - 1 "
                         "subsets are enumerated)")
     max_wait_beyond_fcfs_s: float | None = option(
-        120.0, ge=0, doc="fairness slack: a request's pool wait is kept within "
+        30.0, ge=0, doc="fairness slack: a request's pool wait is kept within "
         "fcfs_wait_factor x its FCFS pool wait + this many seconds (None: no bound)")
     fcfs_wait_factor: float = option(
         2.0, ge=1, doc="fairness factor: the bound's multiple of the request's FCFS pool "
