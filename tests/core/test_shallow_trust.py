@@ -117,7 +117,7 @@ def test_brh_h0_equals_br0_with_the_new_options(
     br0 = build_policy("br0", common)
     brh = build_policy("brh", {"horizon": 0, "alpha": 1.0, "beta": float(g_alive),
                                "trust_decode_share": decode, "horizon_step": step, **common},
-                       PolicyContext(predictor=OracleHook()))
+                       PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     pa, pb = PromptPool(), PromptPool()
     for rid, size in zip(pool.sorted_ids, pool.sorted_sizes, strict=True):
         pa.add(PoolRequest(rid, size))
@@ -149,11 +149,11 @@ def _decode_cluster(decoded: int) -> ClusterSnapshot:
 
 def test_decode_led_by_hand() -> None:
     pol = build_policy("brh", {"trust_decode_share": 0.5},
-                       PolicyContext(predictor=OracleHook()))
+                       PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     assert pol.decode_led(_decode_cluster(100))  # type: ignore[attr-defined]  # 100 / 200
     assert not pol.decode_led(_decode_cluster(99))  # type: ignore[attr-defined]
     off = build_policy("brh", {"trust_decode_share": None},
-                       PolicyContext(predictor=OracleHook()))
+                       PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     assert off.decode_led(_decode_cluster(0))  # type: ignore[attr-defined]
     empty = ClusterSnapshot.build([0, 0], [0, 0], 3, running=RunningRequests.empty())
     assert not pol.decode_led(empty)  # type: ignore[attr-defined]
@@ -195,7 +195,7 @@ def test_a_tick_not_led_by_decode_is_br0s(
     the coverage rule, is off)."""
     cluster, pool = st_
     opts = {"horizon": h, "horizon_step": step, "trust_decode_share": share}
-    brh = build_policy("brh", opts, PolicyContext(predictor=OracleHook()))
+    brh = build_policy("brh", opts, PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     run = cluster.running
     snap = ClusterSnapshot.build(  # the oracle needs true remaining steps
         cluster.load_tokens, cluster.running_requests, cluster.slots,
