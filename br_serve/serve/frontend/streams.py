@@ -38,7 +38,15 @@ from typing import Any
 
 from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import GraphConfig
-from br_serve.serve.frontend.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
+from br_serve.serve.frontend.events import (
+    ACTORS_LOST,
+    GenerateError,
+    Inbox,
+    Replacer,
+    Resolver,
+    StreamerIO,
+    _Lost,
+)
 from br_serve.serve.frontend.gate import AdmissionGate
 from br_serve.serve.wire.messages import Admission, Admitted, PrefillOutput, StreamError
 from br_serve.serve.wire.rpc import GONE
@@ -73,18 +81,22 @@ class Streamer(StreamerIO):
     ``replace(g, old)`` makes a new actor for a dead decode replica (None: dead replicas
     stay dead, as in the Ray-free tests). ``channel_host``: the address this owner's
     event channel listens on (None: the decode replicas are polled only).
+    ``resolve()``: the owner's current actors, whose ``epoch`` changes when all of them
+    were replaced (None: the actors never change); ``epoch``: that of ``scheduler``,
+    ``decode`` and ``lease``'s keeper.
     """
 
     def __init__(self, cfg: GraphConfig, prefill: Any, scheduler: Any, decode: list[Any],
                  lease: KVLease, replace: Replacer | None = None,
-                 channel_host: str | None = None) -> None:
+                 channel_host: str | None = None, resolve: Resolver | None = None,
+                 epoch: str = "") -> None:
         self.cfg = cfg
         self.prefill = prefill
         self.lease = lease
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
         self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool.capacity)
         self._seq = 0
-        self._io_init(scheduler, decode, replace, channel_host)
+        self._io_init(scheduler, decode, replace, channel_host, resolve, epoch)
 
     def new_request_id(self) -> str:
         self._seq += 1
@@ -107,6 +119,8 @@ class Streamer(StreamerIO):
         """:meth:`generate` in batches: the tokens that arrived together (one per step,
         or more when the stream is behind), in order; an error token comes alone."""
         self._ensure_started()
+        if self._actors_down:
+            raise GenerateError(503, ACTORS_LOST, "service_unavailable")
         if len(self._dead) >= len(self._decode):
             raise GenerateError(503, "no decode replica is alive", "service_unavailable")
         retry = self.gate.enter()
