@@ -223,6 +223,8 @@ class StreamerIO:
                         else handle.poll.remote(self.owner, 1.0, spec, k))
                 events = await asyncio.wait_for(call, _POLL_S)
             except (*GONE, *TIMEOUT) as exc:
+                if self._decode[g] is not handle:
+                    continue  # a replica of the actors lost before: its successor is polled
                 log.warning("ingress: lost decode replica %d: %s", g, exc)
                 if not await self._lost(g, handle):
                     return
