@@ -23,6 +23,7 @@ from br_serve.engine.base import SamplingParams
 from br_serve.serve.actors import GraphActors
 from br_serve.serve.config import parse_graph_config
 from br_serve.serve.frontend import events
+from br_serve.serve.frontend import owner as watch
 from br_serve.serve.frontend.streams import GenerateError, Streamer
 from br_serve.serve.wire.messages import Admitted
 from br_serve.transport.lease import KVLease
@@ -112,7 +113,7 @@ async def _until(pred: Any, timeout_s: float) -> None:
 
 @pytest.fixture(autouse=True)
 def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(events, "_RESOLVE_S", 0.3)
+    monkeypatch.setattr(watch, "_RESOLVE_S", 0.3)
     monkeypatch.setattr(events, "_WATCH_S", 0.05)
 
 
@@ -136,11 +137,11 @@ def test_lost_actors_end_streams_refuse_new_ones_and_the_new_actors_serve() -> N
         toks = await asyncio.wait_for(stream, 5)
         assert time.monotonic() - t0 < 3  # promptly, not after the 60 s scheduler retry
         assert [t.index for t in toks] == [0, 1, 2, 3]
-        assert toks[-1].finish_reason == "error" and events.ACTORS_LOST in (toks[-1].error or "")
+        assert toks[-1].finish_reason == "error" and watch.ACTORS_LOST in (toks[-1].error or "")
         assert [t.token_id for t in toks[1:3]] == [101, 102]  # a correct prefix
         with pytest.raises(GenerateError) as err:
             await _collect(s, 3)
-        assert err.value.status == 503 and err.value.message == events.ACTORS_LOST
+        assert err.value.status == 503 and err.value.message == watch.ACTORS_LOST
         assert not s.gate.inside  # refused before the gate let it in
         # Serve restarted the owner, which made new actors
         new = _actors("e2")

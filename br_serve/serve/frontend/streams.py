@@ -38,16 +38,9 @@ from typing import Any
 
 from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import GraphConfig
-from br_serve.serve.frontend.events import (
-    ACTORS_LOST,
-    GenerateError,
-    Inbox,
-    Replacer,
-    Resolver,
-    StreamerIO,
-    _Lost,
-)
+from br_serve.serve.frontend.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
 from br_serve.serve.frontend.gate import AdmissionGate
+from br_serve.serve.frontend.owner import ACTORS_LOST, Resolver
 from br_serve.serve.wire.messages import Admission, Admitted, PrefillOutput, StreamError
 from br_serve.serve.wire.rpc import GONE
 from br_serve.transport.lease import KVLease
