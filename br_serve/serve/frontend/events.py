@@ -235,9 +235,13 @@ class StreamerIO(OwnerWatch):
 
     async def _lost(self, g: int, handle: Any) -> bool:
         """Replica ``g`` is gone: end its streams' attempts, replace it. False when
-        there is nothing to replace it with (then its poll loop ends). When the owner
-        answers with new actors (all went with it), wait until they are adopted."""
+        there is nothing to replace it with (then its poll loop ends). When all the
+        actors went with it (the owner does not answer, or answers with new ones), wait
+        until new ones are adopted instead."""
         epoch = self._epoch
+        if await self._actors_lost():  # all of them: the streams ended; no re-prefill
+            await self._actors_up.wait()
+            return True
         self._dead.add(g)
         # nothing more from its channel: a later hello must come from a newer poll
         self._chan_conn.pop(g, None)

@@ -319,7 +319,10 @@ class Ingress:
     async def br_state(self, request: Request) -> Any:
         if (denied := self._auth(request)) is not None:
             return denied
-        return await self.state()
+        try:
+            return await self.state()
+        except GenerateError as exc:  # the scheduler is unreachable: 503, not a 500
+            return _generate_error(exc)
 
     @api.post("/v1/completions")
     async def completions(self, request: Request) -> Any:

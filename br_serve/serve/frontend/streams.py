@@ -145,6 +145,8 @@ class Streamer(StreamerIO):
             p = dataclasses.replace(params, max_tokens=params.max_tokens - len(produced),
                                     seed=seed)
             try:
+                if self._actors_down:  # a re-prefill after the actors were lost
+                    raise GenerateError(503, ACTORS_LOST, "service_unavailable")
                 out = await self._prefill(rid, cur, p)
                 if attempt == 0:
                     prompt_tokens = out.prompt_tokens
