@@ -104,7 +104,9 @@ def _check_ended(results: list[Any], max_tokens: int, broken_ok: bool = False) -
 
 
 def _state(port: int) -> dict[str, Any]:
-    return httpx.get(f"{_url(port)}/v1/br/state", timeout=30).json()  # type: ignore[no-any-return]
+    r = httpx.get(f"{_url(port)}/v1/br/state", timeout=30)
+    r.raise_for_status()  # a 503 while the scheduler is unreachable: an HTTPError
+    return r.json()  # type: ignore[no-any-return]
 
 
 def _wait_for(port: int, pred: Callable[[dict[str, Any]], bool], timeout_s: float = 120
