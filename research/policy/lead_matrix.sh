@@ -11,13 +11,8 @@ set -euo pipefail
 out=$1; syn=$2; tr=$3
 py=${PYTHON:-.venv/bin/python}
 mkdir -p "$out"
-declare -A TRACES=(
-  [r1]="--trace $tr/servegen/deepseek_r1_5rps_1h.csv --min-output 1001"
-  [mooncake]="--trace $tr/mooncake/conversation_trace.jsonl"
-  [azure_conv]="--trace $tr/azure2023/AzureLLMInferenceTrace_conv.csv"
-  [chat_rag]="--trace $syn/chat_rag.jsonl --format jsonl"
-  [reasoning]="--trace $syn/reasoning.jsonl --format jsonl"
-)
+# shellcheck source=research/policy/traces.sh
+. "$(dirname "$0")/traces.sh"
 # name=factor:slack (factor x FCFS wait + slack s). The slot-wait lead and the cold
 # start (lead:cold fields) were measured at commits 41c352e / bea9d20 and removed.
 VARIANTS=${VARIANTS:-"f2s120l0=2:120 f2s30l0=2:30"}
