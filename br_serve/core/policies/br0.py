@@ -90,6 +90,12 @@ class BR0Options(TickOptions):
         "holds at least this share of the alive replicas' slots; in a shallower pool a "
         "straggler is idled, which keeps every step short (latency) where the deep "
         "pool's throughput is not at stake")
+    queued_load: Literal["entry", "bound", "running"] = option(
+        "entry", doc="with requests queued at the engines (dispatched ahead): the load "
+        "each replica is balanced on: its load when a request bound now starts to "
+        "decode (entry: the queued ones run by then, one running one per queued one "
+        "and for the new one has left), every bound request's tokens (bound), or the "
+        "running ones' only (running)")
 
 
 class ScalarScorer:
@@ -110,8 +116,11 @@ class ScalarMargins:
 
     __slots__ = ("alive", "g", "loads", "max_load")
 
-    def __init__(self, cluster: ClusterSnapshot) -> None:
-        self.loads: list[float] = cluster.load_tokens.astype(np.float64).tolist()
+    def __init__(self, cluster: ClusterSnapshot, queued_load: str = "bound") -> None:
+        loads = (cluster.entry_load_tokens() if queued_load == "entry" else
+                 cluster.running_load_tokens() if queued_load == "running" else
+                 cluster.load_tokens)
+        self.loads: list[float] = loads.astype(np.float64).tolist()
         self.alive: list[bool] = cluster.alive.tolist()
         self.g = max(1, sum(self.alive))
         self.max_load = max(compress(self.loads, self.alive), default=0.0)
@@ -137,7 +146,7 @@ def scalar_model(cluster: ClusterSnapshot, options: BR0Options) -> MarginModel:
     """BR-0's margins in tokens, or in seconds with ``cost="time"`` (docs/design.md)."""
     if options.cost == "time" and not homogeneous_tokens(cluster):
         return TimeMargins(cluster)
-    return ScalarMargins(cluster)
+    return ScalarMargins(cluster, options.queued_load)
 
 
 @register_policy("br0")
