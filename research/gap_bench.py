@@ -72,15 +72,21 @@ def main() -> int:
                     arms.append((protocol, Arm(f"graph:{pol}:d{d}", "graph", pol, (), pol),
                                  d))
         arms.append((protocol, ARMS[ROUTER[protocol]], None))
-    for attempt in range(4):  # Ray's node start-up times out (30 s) on a busy host
+    # Ray's node start-up fails on a busy host: the raylet waits a fixed time for the
+    # dashboard agent's port file, and Python waits 30 s for the node to register
+    for attempt in range(12):
         try:
             start_ray(2)
             break
         except Exception as exc:
             print(f"ray start-up failed ({exc}); attempt {attempt + 1}", flush=True)
-            stop_ray()
-            if attempt == 3:
+            try:
+                stop_ray()
+            except Exception as stop_exc:  # a half-started node may not answer either
+                print(f"ray stop after a failed start: {stop_exc}", flush=True)
+            if attempt == 11:
                 raise
+            time.sleep(10)
     rows: list[dict[str, Any]] = []
     try:
         for w in wins:

@@ -190,6 +190,18 @@ class ClusterSnapshot:
         out: FloatArray = run_load - leave * mean_row + self.queued_tokens
         return out
 
+    def entry_running_requests(self) -> FloatArray:
+        """Each replica's running requests when a request bound now starts (itself not
+        counted): see :meth:`entry_load_tokens`."""
+        run: FloatArray = self.running_requests.astype(np.float64)
+        if self.queued_tokens is None or self.queued_requests is None:
+            return run
+        cap = self.slots if self.engine_slots is None else self.engine_slots
+        run_n = self.running_requests - self.queued_requests
+        leave = np.clip(run_n + self.queued_requests + 1 - cap, 0, run_n)
+        out: FloatArray = (run_n - leave + self.queued_requests).astype(np.float64)
+        return out
+
     @property
     def free_slots(self) -> IntArray:
         free: IntArray = np.where(self.alive, self.slots - self.running_requests, 0)

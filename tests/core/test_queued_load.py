@@ -3,11 +3,13 @@ snapshot's fields, the FIFO rule of the state, and what br0 balances (no Ray).""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from br_serve.core import PromptPool, build_policy
-from br_serve.core.policy import PolicyContext
+from br_serve.core.policy import PolicyBase, PolicyContext
 from br_serve.core.state import ClusterState
 from br_serve.core.types import Assignment, ClusterSnapshot, PoolRequest
 
@@ -82,7 +84,7 @@ def test_a_row_rebound_at_its_order_keeps_its_place_in_the_queue() -> None:
     assert st.ids[0][int(np.flatnonzero(st.fifo_queued(1)[0])[0])] == "y"
 
 
-def _br0(rule: str):  # noqa: ANN202
+def _br0(rule: str) -> PolicyBase[Any]:
     return build_policy("br0", {"queued_load": rule},
                         context=PolicyContext(rng=np.random.default_rng(0)))
 
@@ -109,3 +111,19 @@ def test_br0_balances_the_load_at_entry_not_the_bound_load() -> None:
 def test_br0_refuses_an_unknown_queued_load_by_name() -> None:
     with pytest.raises(Exception, match="queued_load"):
         _br0("next")
+
+
+def test_the_time_cost_prices_the_same_loads_and_counts() -> None:
+    from br_serve.core.policies.br0 import balanced_loads
+    from br_serve.core.timecost import TimeMargins
+
+    snap = ClusterSnapshot.build([1000, 1300], [4, 6], 7, queued_tokens=[0, 100],
+                                 queued_requests=[0, 2], engine_slots=4,
+                                 step_a_s_per_token=[1e-3, 2e-3], step_b_s=0.0,
+                                 step_c_s_per_request=0.01)
+    load, cnt = balanced_loads(snap, "entry")
+    assert load.tolist() == pytest.approx([750, 400]) and cnt.tolist() == [3, 3]
+    assert [x.tolist() for x in balanced_loads(snap, "running")] == [[1000, 1200], [4, 4]]
+    assert [x.tolist() for x in balanced_loads(snap, "bound")] == [[1000, 1300], [4, 6]]
+    tm = TimeMargins(snap, load, cnt)
+    assert tm.t == pytest.approx([0.75 + 0.03, 0.8 + 0.03])

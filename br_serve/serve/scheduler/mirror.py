@@ -108,7 +108,8 @@ class Mirror:
         """Rows a step advances: reported ones, less those queued at the engine."""
         if self.engine_slots is None:
             return self._live
-        return self._live & ~self.queued()
+        out: np.ndarray = self._live & ~self.queued()
+        return out
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self.state or any(request_id in f for f in self.inflight)
