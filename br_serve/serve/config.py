@@ -67,9 +67,9 @@ class ServePoolConfig(PoolConfig):
     after the rank's first ``slots``: the engine admits in order) apart from the
     running ones (br0 balances the load a new request meets when it starts: its option
     ``queued_load``), so it still chooses which request and which rank; every other
-    request stays in the pool (late binding). None: 2 with remote engines (``engine.name=vllm|sglang``, which
-    queue per rank), 0 with the graph's own engines, which have no queue (a value > 0
-    is refused there)."""
+    request stays in the pool (late binding). None: 2 with remote engines
+    (``engine.name=vllm|sglang``, which queue per rank), 0 with the graph's own engines,
+    which have no queue (a value > 0 is refused there)."""
 
 
 class TransportConfig(Section):
