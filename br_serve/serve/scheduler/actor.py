@@ -67,7 +67,8 @@ class Scheduler(SchedulerIO):
         core = SchedulerCore(cfg.replicas, cfg.places_per_replica(), cfg.pool.capacity,
                              model, policy, detail, predictor, calibrator=calib,
                              price_model=cfg.emulated_step_model(scaled=True),
-                             kv_limit_tokens=cfg.kv_limit_tokens)
+                             kv_limit_tokens=cfg.kv_limit_tokens,
+                             engine_slots=cfg.slots if cfg.dispatch_ahead() else None)
         self._io_init(cfg, decode_names, core)
         self._coef_exported = -float("inf")
 
