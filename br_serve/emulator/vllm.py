@@ -67,6 +67,7 @@ from br_serve.emulator.openai import (
     completion_body,
     sse_json,
 )
+from br_serve.emulator.vllm_wire import VllmChunkWriter, vllm_body
 
 RANK_HEADER = "X-data-parallel-rank"
 #: what ``GET /version`` answers (vLLM answers its release; routers only probe it)
@@ -92,7 +93,8 @@ def stream_error(exc: ApiError) -> bytes:
     return sse_json(error_body(exc)) + b"data: [DONE]\n\n"
 
 
-SPEC = Spec("vllm", error_body, stream_error, {"stop_reason": None})
+SPEC = Spec("vllm", error_body, stream_error, {"stop_reason": None},
+            writer=VllmChunkWriter, shape_body=vllm_body)
 
 
 def check_context(req: ParsedRequest, max_model_len: int) -> None:
@@ -172,9 +174,9 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
             emu.counters.prefills[g] += 1
             emu.counters.prefill_ids[g].append(ext)
             emu.counters.prompt_tokens[g] += req.prompt_tokens
-            return JSONResponse(completion_body(
+            return JSONResponse(vllm_body(completion_body(
                 f"{'chatcmpl' if chat else 'cmpl'}-{ext}", req, text, 1, SPEC.choice_extra,
-                kv_transfer_params=None))
+                kv_transfer_params=None), req))
         n_blocks = math.ceil(req.prompt_tokens / cfg.block_size)
         block_ids = [next(blocks) for _ in range(n_blocks)]
         tid, text = first_token(req.seed, req.prompt_tokens, cfg.vocab_size)
@@ -193,8 +195,9 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         emu.counters.prefill_ids[g].append(ext)
         emu.counters.prompt_tokens[g] += req.prompt_tokens
         prefix = "chatcmpl" if chat else "cmpl"
-        return JSONResponse(completion_body(f"{prefix}-{ext}", req, text, 1, SPEC.choice_extra,
-                                            kv_transfer_params=params))
+        return JSONResponse(vllm_body(completion_body(
+            f"{prefix}-{ext}", req, text, 1, SPEC.choice_extra, kv_transfer_params=params),
+            req))
 
     async def start_decode(request: Request, g: int, req: ParsedRequest,
                            chat: bool) -> Response:

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.realvllm import servers as sv
+from tests.realvllm.conftest import Fleet
 from tests.realvllm.shapes import diff, shape, stream_shape
 from tests.serve.helpers import free_port
 
@@ -140,8 +141,8 @@ def compare(real: dict[str, Any], emu: dict[str, Any]) -> list[str]:
     return lines
 
 
-def test_emulator_matches_real_vllm(plain: sv.VllmServer, emulator: str) -> None:
-    real_url = plain.url
+def test_emulator_matches_real_vllm(fleet: Fleet, emulator: str) -> None:
+    real_url = fleet.decode.url
     rows, unexplained = [], []
     for name, endpoint, body in CASES:
         real, emu = ask(real_url, endpoint, body), ask(emulator, endpoint, body)
