@@ -5,9 +5,11 @@ Follows docs/engine-contracts.md ("vLLM"):
 - ``POST /v1/completions``, ``POST /v1/chat/completions``; errors as
   ``{"error": {"message", "type", "param", "code": <HTTP status>}}``; in a stream an
   error is one ``data: {"error": ...}`` event followed by ``data: [DONE]``.
-- Prefill role (``kv_producer``): the request must carry ``kv_transfer_params`` with
+- Prefill role (``kv_producer``): a prefill request carries ``kv_transfer_params`` with
   ``do_remote_decode: true``, ``stream: false`` and ``max_tokens`` (or
-  ``max_completion_tokens``) 1. The response is a normal completion of one token plus
+  ``max_completion_tokens``) 1 (other parameters are refused, 400); a request with no
+  ``kv_transfer_params`` is served in full (prefilled and decoded here), as a
+  ``kv_producer`` vLLM serves it. The response is a normal completion of one token plus
   ``kv_transfer_params = {do_remote_prefill: true, do_remote_decode: false,
   remote_engine_id, remote_request_id, remote_block_ids, remote_host, remote_port,
   tp_size, last_token_id, num_prompt_blocks, remote_block_size}``. The prefill then
@@ -152,6 +154,8 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
     async def prefill(request: Request, body: dict[str, Any], chat: bool) -> Response:
         ktp = body.get("kv_transfer_params")
         store = cfg.kv_store_dir
+        if ktp is None and store is None:  # a kv_producer vLLM serves a plain request
+            return await local(request, body, chat)
         if store is None and (not isinstance(ktp, dict)
                               or ktp.get("do_remote_decode") is not True):
             raise ApiError(400, "kv_transfer_params: a prefill (kv_producer) request needs "
