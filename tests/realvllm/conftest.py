@@ -76,13 +76,13 @@ def fleet(tiny_model: Path, vllm_logs: Path,
     kv = example_connector(store)
     started: list[sv.VllmServer] = []
     try:
-        # the DP=2 server first, alone until its engine cores start: vLLM gives its DP
-        # coordinator process a fixed 120 s to come up, which four servers importing
-        # torch at once on a busy 2-core host exceed
+        # the DP=2 server first, alone until its DP coordinator is up: vLLM gives that
+        # process a fixed 120 s to report, which four servers importing torch at once on
+        # a busy 2-core host exceed
         dp2 = sv.start("dp2", tiny_model, free_port(), vllm_logs,
                        [*kv, "--data-parallel-rpc-port", str(free_port())], dp_size=2)
         started.append(dp2)
-        sv.wait_log(dp2, "(EngineCore", READY_S)
+        sv.wait_log(dp2, "Started DP Coordinator", READY_S)
         for name in ("prefill", "decode", "decode2"):
             started.append(sv.start(name, tiny_model, free_port(), vllm_logs, kv))
         sv.wait_ready(started, READY_S)

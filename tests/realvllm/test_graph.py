@@ -78,8 +78,9 @@ def deploy_readme(fleet: Fleet, layout: str, port: int, app: str) -> Graph:
 
     from graphs.balance_route import build
 
-    serve.run(build({**readme_args(fleet, layout), "serve.app_name": app}), name=app,
-              route_prefix=f"/{app}")
+    handle = serve.run(build({**readme_args(fleet, layout), "serve.app_name": app}),
+                       name=app, route_prefix=f"/{app}")
+    handle.state.remote().result(timeout_s=300)  # the scheduler found every rank
     if layout == "external-dp":
         ranks = [(fleet.decode, "0"), (fleet.decode2, "0")]
     elif layout == "dp2":
