@@ -102,7 +102,14 @@ def serve_port(fleet: Fleet) -> Iterator[int]:
     from ray import serve
 
     port = free_port()
-    start_ray()
+    for attempt in range(3):  # Ray gives its raylet a fixed 30 s, short on a loaded host
+        try:
+            start_ray()
+            break
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
+            ray.shutdown()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield port

@@ -10,6 +10,7 @@ prefix-cache counters), a client that disconnects aborts its engine request.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -68,28 +69,32 @@ def test_example_connector_moves_kv_from_prefill_to_decode(fleet: Fleet) -> None
 
 
 def test_client_disconnect_aborts_the_engine_request(fleet: Fleet) -> None:
-    """The server aborts the request of a client that leaves mid-stream: its running
-    gauge falls back to 0 and it logs the abort with the request's id. (vLLM 0.32's
+    """The server aborts the requests of clients that leave mid-stream: its running gauge
+    falls back to 0 and it logs each abort with the request's id. (vLLM 0.32's
     ``vllm:request_success_total{finished_reason="abort"}`` is printed: the abort path
-    drops the request's state before the stats are taken, so it stays put.)"""
+    drops the request's state before the stats are taken.)"""
     s = fleet.decode2
-    body = {"model": sv.SERVED_MODEL, "prompt": "w1 w2 w3", "max_tokens": 200,
+    n = 6  # decoded as one batch, 500 steps each: still running when the clients go
+    body = {"model": sv.SERVED_MODEL, "prompt": "w1 w2 w3", "max_tokens": 500,
             "ignore_eos": True, "stream": True}
     aborts0 = s.metric("vllm:request_success_total", finished_reason="abort")
-    with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=60) as r:
-        rid = ""
-        for n, line in enumerate(r.iter_lines()):
-            if line.startswith("data: {") and not rid:
-                rid = json.loads(line[6:])["id"]
-            if n >= 4:
-                break
+    ids = []
+    with contextlib.ExitStack() as streams:
+        lines = [streams.enter_context(httpx.stream(
+            "POST", f"{s.url}/v1/completions", json=body, timeout=60)).iter_lines()
+            for _ in range(n)]
+        for it in lines:
+            first = next(x for x in it if x.startswith("data: {"))
+            ids.append(json.loads(first[6:])["id"])
         running = s.metric("vllm:num_requests_running")
-    assert running >= 1 and rid
-    deadline = time.monotonic() + 30
+    assert running >= 1, running
+    deadline = time.monotonic() + 60
     while s.metric("vllm:num_requests_running") > 0 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert s.metric("vllm:num_requests_running") == 0
     aborts = s.metric("vllm:request_success_total", finished_reason="abort") - aborts0
-    print(f"\nabort counter delta {aborts:g}; log: "
-          f"{[x[-120:] for x in s.log().splitlines() if 'bort' in x][-2:]}")
-    assert any("aborted" in x.lower() and rid in x for x in s.log().splitlines()), rid
+    logged = [rid for rid in ids
+              if any("abort" in x.lower() and rid in x for x in s.log().splitlines())]
+    print(f"\n{running:g} of {n} running when the clients left; {len(logged)} aborts "
+          f"logged; abort counter delta {aborts:g}")
+    assert len(logged) >= running, (logged, running)

@@ -193,7 +193,8 @@ def test_each_request_runs_on_the_rank_the_graph_bound_it_to(graph: Graph) -> No
 def test_client_disconnect_ends_the_engine_request_and_frees_the_prefill(
         graph: Graph) -> None:
     servers = graph.decode_servers()
-    body = {"prompt": _prompt(graph.layout, 5), "max_tokens": 200, "ignore_eos": True,
+    # 400 tokens (of the 512 context): the engine is still decoding when the client goes
+    body = {"prompt": _prompt(graph.layout, 5), "max_tokens": 400, "ignore_eos": True,
             "stream": True}
     with httpx.stream("POST", f"{graph.base}/v1/completions", json=body, timeout=300) as r:
         assert r.status_code == 200

@@ -27,7 +27,7 @@ def test_a_decode_server_killed_mid_run_ends_every_stream(fleet: Fleet,
                                                          serve_port: int) -> None:
     from ray import serve
 
-    n, max_tokens = 6, 150
+    n, max_tokens = 6, 400  # long enough to be running when the server dies
     app = "br_kill"
     g = deploy_readme(fleet, "external-dp", serve_port, app)
     victim = fleet.decode2  # graph rank 1
