@@ -86,7 +86,8 @@ def fleet(tiny_model: Path, vllm_logs: Path,
         for name in ("prefill", "decode", "decode2"):
             started.append(sv.start(name, tiny_model, free_port(), vllm_logs, kv))
         sv.wait_ready(started, READY_S)
-        yield Fleet(*started[1:], dp2, store=store)  # type: ignore[call-arg]
+        yield Fleet(prefill=started[1], decode=started[2], decode2=started[3], dp2=dp2,
+                    store=store)
     finally:
         for s in started:
             s.stop()
