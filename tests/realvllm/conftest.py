@@ -5,7 +5,8 @@ start Ray themselves).
 
 They run in the README's test command (``bash .ci/setup && .venv/bin/python -m pytest
 -q``); skipped, with the reason, only when the vLLM venv cannot be built (no network, no
-wheel for this platform), or when ``BR_REAL_VLLM=0`` switches them off.
+wheel for this platform), or when ``BR_REAL_VLLM=0`` switches them off; with
+``BR_REAL_VLLM=1`` (as CI sets it) a venv that cannot be built fails them instead.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def vllm_venv() -> Path:
         pytest.skip("BR_REAL_VLLM=0: the real-vLLM tests are switched off")
     reason = sv.ensure_venv()
     if reason is not None:
+        if os.environ.get("BR_REAL_VLLM") == "1":  # CI: the real engine is required
+            pytest.fail(f"BR_REAL_VLLM=1 but real vLLM is unavailable: {reason}")
         pytest.skip(f"real vLLM unavailable: {reason}")
     return sv.VENV
 

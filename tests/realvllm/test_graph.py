@@ -153,8 +153,10 @@ def test_streams_complete_and_decode_loads_the_prefilled_kv(graph: Graph) -> Non
 
     for r in asyncio.run(go()):
         assert r.status == 200 and r.done and r.error is None, r
-        # the graph may put several tokens in one SSE event (one word each here)
-        assert len("".join(r.texts).split()) == max_tokens, r
+        # the graph may put several tokens in one SSE event; a word per token, except that
+        # the random model may emit a special token (``</s>`` under ignore_eos), which
+        # vLLM detokenizes to nothing: usage counts every token, the text at most one word each
+        assert 1 <= len("".join(r.texts).split()) <= max_tokens, r
         assert r.usage is not None and r.usage["completion_tokens"] == max_tokens, r
     hits = sum(s.metric("vllm:external_prefix_cache_hits_total")
                for s in graph.decode_servers()) - hits0
