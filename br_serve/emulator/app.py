@@ -69,6 +69,11 @@ class Spec:
     #: ledger compares them (SGLang: the prefill DP rank the decode did not name)
     pull_defaults: Callable[[EmulatorConfig, str, dict[str, Any]], dict[str, Any]] = (
         lambda _cfg, _key, presented: presented)
+    #: the engine's own SSE chunks, and its own non-streamed body from
+    #: :func:`completion_body` (vLLM: :mod:`br_serve.emulator.vllm_wire`)
+    writer: type[ChunkWriter] = ChunkWriter
+    shape_body: Callable[[dict[str, Any], ParsedRequest], dict[str, Any]] = (
+        lambda body, _req: body)
 
 
 class RankDropped(Exception):
@@ -199,7 +204,7 @@ class Emulator:
                               rank: int, req: ParsedRequest) -> Response:
         """Admit ``req`` on ``rank`` and answer it (an SSE stream or one JSON body)."""
         queue = self.driver.submit(rid, rank, req.prompt_tokens, req.max_tokens, req.seed)
-        writer = ChunkWriter(response_id, req, self.spec.choice_extra)
+        writer = self.spec.writer(response_id, req, self.spec.choice_extra)
 
         async def stream() -> AsyncIterator[bytes]:
             head = writer.role()
@@ -238,7 +243,7 @@ class Emulator:
             self.driver.cancel(rid)
         body = completion_body(response_id, req, "".join(parts), len(parts),
                                self.spec.choice_extra)
-        return JSONResponse(body)
+        return JSONResponse(self.spec.shape_body(body, req))
 
     # -- observation -------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

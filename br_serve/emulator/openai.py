@@ -165,13 +165,26 @@ def _max_tokens(body: Mapping[str, Any], chat: bool) -> int:
     return value
 
 
+#: the strings pydantic's lax mode (both engines' request models) reads as booleans
+_BOOL_STRINGS = {"1": True, "on": True, "t": True, "true": True, "y": True, "yes": True,
+                 "0": False, "off": False, "f": False, "false": False, "n": False,
+                 "no": False}
+
+
 def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A boolean field as the engines read it: ``true``/``false``, 0/1, or one of
+    pydantic's boolean strings (``"yes"``, ``"off"``, ...; the real vLLM streams for
+    ``"stream": "yes"``); anything else is refused by name."""
     value = body.get(name, default)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"{name}: must be a boolean", name)
-    return value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _BOOL_STRINGS:
+        return _BOOL_STRINGS[value.lower()]
+    raise ApiError(400, f"{name}: must be a boolean", name)
 
 
 def _stream_options(opts: Any, stream: bool) -> tuple[bool, bool]:

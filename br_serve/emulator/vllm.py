@@ -5,9 +5,11 @@ Follows docs/engine-contracts.md ("vLLM"):
 - ``POST /v1/completions``, ``POST /v1/chat/completions``; errors as
   ``{"error": {"message", "type", "param", "code": <HTTP status>}}``; in a stream an
   error is one ``data: {"error": ...}`` event followed by ``data: [DONE]``.
-- Prefill role (``kv_producer``): the request must carry ``kv_transfer_params`` with
+- Prefill role (``kv_producer``): a prefill request carries ``kv_transfer_params`` with
   ``do_remote_decode: true``, ``stream: false`` and ``max_tokens`` (or
-  ``max_completion_tokens``) 1. The response is a normal completion of one token plus
+  ``max_completion_tokens``) 1 (other parameters are refused, 400); a request with no
+  ``kv_transfer_params`` is served in full (prefilled and decoded here), as a
+  ``kv_producer`` vLLM serves it. The response is a normal completion of one token plus
   ``kv_transfer_params = {do_remote_prefill: true, do_remote_decode: false,
   remote_engine_id, remote_request_id, remote_block_ids, remote_host, remote_port,
   tp_size, last_token_id, num_prompt_blocks, remote_block_size}``. The prefill then
@@ -67,6 +69,7 @@ from br_serve.emulator.openai import (
     completion_body,
     sse_json,
 )
+from br_serve.emulator.vllm_wire import VllmChunkWriter, vllm_body
 
 RANK_HEADER = "X-data-parallel-rank"
 #: what ``GET /version`` answers (vLLM answers its release; routers only probe it)
@@ -92,7 +95,8 @@ def stream_error(exc: ApiError) -> bytes:
     return sse_json(error_body(exc)) + b"data: [DONE]\n\n"
 
 
-SPEC = Spec("vllm", error_body, stream_error, {"stop_reason": None})
+SPEC = Spec("vllm", error_body, stream_error, {"stop_reason": None},
+            writer=VllmChunkWriter, shape_body=vllm_body)
 
 
 def check_context(req: ParsedRequest, max_model_len: int) -> None:
@@ -150,6 +154,8 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
     async def prefill(request: Request, body: dict[str, Any], chat: bool) -> Response:
         ktp = body.get("kv_transfer_params")
         store = cfg.kv_store_dir
+        if ktp is None and store is None:  # a kv_producer vLLM serves a plain request
+            return await local(request, body, chat)
         if store is None and (not isinstance(ktp, dict)
                               or ktp.get("do_remote_decode") is not True):
             raise ApiError(400, "kv_transfer_params: a prefill (kv_producer) request needs "
@@ -172,9 +178,9 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
             emu.counters.prefills[g] += 1
             emu.counters.prefill_ids[g].append(ext)
             emu.counters.prompt_tokens[g] += req.prompt_tokens
-            return JSONResponse(completion_body(
+            return JSONResponse(vllm_body(completion_body(
                 f"{'chatcmpl' if chat else 'cmpl'}-{ext}", req, text, 1, SPEC.choice_extra,
-                kv_transfer_params=None))
+                kv_transfer_params=None), req))
         n_blocks = math.ceil(req.prompt_tokens / cfg.block_size)
         block_ids = [next(blocks) for _ in range(n_blocks)]
         tid, text = first_token(req.seed, req.prompt_tokens, cfg.vocab_size)
@@ -193,8 +199,9 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         emu.counters.prefill_ids[g].append(ext)
         emu.counters.prompt_tokens[g] += req.prompt_tokens
         prefix = "chatcmpl" if chat else "cmpl"
-        return JSONResponse(completion_body(f"{prefix}-{ext}", req, text, 1, SPEC.choice_extra,
-                                            kv_transfer_params=params))
+        return JSONResponse(vllm_body(completion_body(
+            f"{prefix}-{ext}", req, text, 1, SPEC.choice_extra, kv_transfer_params=params),
+            req))
 
     async def start_decode(request: Request, g: int, req: ParsedRequest,
                            chat: bool) -> Response:

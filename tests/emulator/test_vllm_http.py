@@ -162,6 +162,20 @@ def test_bad_input_gets_the_engines_error_shape(pd: Any) -> None:
     assert stats(p)["kv"]["release_reason_by_id"][pre_key(p, "badrank")] == "aborted"
 
 
+def test_a_plain_request_to_the_prefill_role_is_served(pd: Any) -> None:
+    """A real kv_producer serves a request without transfer parameters like any server
+    (checked against vLLM 0.32): prefilled and decoded there, streamed or not."""
+    p, _ = pd
+    r = httpx.post(p.url + "/v1/completions", json=body("a b c", 4), timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
+    assert r.json()["kv_transfer_params"] is None
+    with httpx.stream("POST", p.url + "/v1/completions", json={**body("a b c", 3),
+                                                               "stream": True}) as s:
+        lines = [x for x in s.iter_lines() if x.startswith("data: ")]
+    assert s.status_code == 200 and lines[-1] == "data: [DONE]" and len(lines) == 4, lines
+
+
 def pre_key(p: EmulatorThread, ext: str) -> str:
     out = p.call(lambda emu: emu.counters.internal_id[ext])
     assert isinstance(out, str)

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.realvllm import servers as sv
+from tests.realvllm.conftest import Fleet
 from tests.realvllm.shapes import diff, shape, stream_shape
 from tests.serve.helpers import free_port
 
@@ -66,7 +67,8 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("stream-options-without-stream", "completions",
      {"model": M, "prompt": P, "max_tokens": 2, "stream_options": {"include_usage": True}}),
     ("over-context-prompt", "completions",
-     {"model": M, "prompt": " ".join(f"w{i % 400}" for i in range(300)), "max_tokens": 2}),
+     {"model": M, "prompt": " ".join(f"w{i % 400}" for i in range(sv.MAX_MODEL_LEN + 44)),
+      "max_tokens": 2}),
     ("over-context-max-tokens", "completions", {"model": M, "prompt": P, "max_tokens": 10_000}),
     ("over-context-stream", "completions",
      {"model": M, "prompt": P, "max_tokens": 10_000, "stream": True}),
@@ -140,8 +142,8 @@ def compare(real: dict[str, Any], emu: dict[str, Any]) -> list[str]:
     return lines
 
 
-def test_emulator_matches_real_vllm(plain: sv.VllmServer, emulator: str) -> None:
-    real_url = plain.url
+def test_emulator_matches_real_vllm(fleet: Fleet, emulator: str) -> None:
+    real_url = fleet.decode.url
     rows, unexplained = [], []
     for name, endpoint, body in CASES:
         real, emu = ask(real_url, endpoint, body), ask(emulator, endpoint, body)

@@ -1,107 +1,228 @@
-"""The graph in front of real vLLM (CPU build, tiny model), deployed as the README says
-(no ``remote.model``: the graph discovers it), in the PD layout with vLLM's
-``ExampleConnector``: ``remote.kv_handoff=prompt`` (the prefill answer carries no
-transfer parameters; the decode request carries the same prompt and the connector finds
-the KV by it).
+"""The graph in front of real vLLM (CPU build, tiny model), deployed exactly as the
+README's "Deploy over vLLM" says: the builder ``graphs.balance_route:build`` with
+``engine=vllm remote.prefill_urls=... remote.decode_urls=...`` (``remote.dp_size=2`` for
+one DP=2 server) and nothing else (no ``remote.model``: discovered; ``remote.kv_handoff``
+left at ``auto``: the ExampleConnector's prefill answer carries no transfer parameters,
+so the decode request repeats the prompt and the connector finds the KV by it). Only
+``serve.app_name`` is added, so the three layouts can run one after another on one
+cluster.
 
-Needs the graph's model discovery and ``remote.kv_handoff`` (branch ``vgraph``); skipped,
-saying so, on a tree without them. Checks: streams complete through the graph's OpenAI
-API; the decode loaded the KV (its external prefix-cache hits); a client that leaves
-mid-stream ends the engine's request (running gauge back to 0).
+For each layout (one prefill server, and: two decode servers, one per DP rank; one
+decode server with ``--data-parallel-size 2``; one decode server): streams complete with
+every token and the decode servers load the prefilled KV from the connector (vLLM's
+external prefix-cache counters); each request ran on the DP rank the graph bound it to
+(vLLM's per-engine request counters); a client that disconnects ends its engine request
+(vLLM's running gauge back to 0, the abort in its log) and the prefill server holds no
+KV afterwards. Before any of it: a wrong model, a prefill without transfer parameters
+under ``remote.kv_handoff=params`` and an unreachable engine each fail the builder
+within 60 s, naming the cause. A decode server killed mid-run: test_graph_kill.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import time
+from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.realvllm import servers as sv
-from tests.realvllm.conftest import READY_S
-from tests.realvllm.test_engines import LONG, example_connector
-from tests.serve.helpers import free_port, start_ray, stream_completion
+from tests.realvllm.conftest import Fleet
+from tests.serve.helpers import free_port, stream_completion
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1800)]
 
+LAYOUTS = ("external-dp", "dp2", "pd")
+#: 80 words: with one more word in front, 82 tokens, two full KV blocks of 32 (64
+#: tokens) that ExampleConnector stores and loads
+LONG = " ".join(f"w{(7 * i) % 400}" for i in range(80))
 
-@pytest.fixture(scope="module")
-def graph_pd(tiny_model: Path, vllm_logs: Path, tmp_path_factory: pytest.TempPathFactory,
-             ) -> Iterator[tuple[str, sv.VllmServer]]:
-    from br_serve.serve.config import parse_graph_config
 
-    try:
-        parse_graph_config(engine="vllm", remote_prefill_urls="http://127.0.0.1:1",
-                           remote_decode_urls="http://127.0.0.1:2", remote_kv_handoff="prompt")
-    except Exception as exc:  # any refusal naming the field means: not in this tree
-        if "kv_handoff" in str(exc):
-            pytest.skip(f"this tree has no remote.kv_handoff (branch vgraph): {exc}")
-    import ray
+def readme_args(fleet: Fleet, layout: str) -> dict[str, str]:
+    """The README's builder arguments for ``layout`` (as ``serve run`` passes them)."""
+    args = {"engine": "vllm", "remote.prefill_urls": fleet.prefill.url}
+    if layout == "external-dp":
+        args["remote.decode_urls"] = f"{fleet.decode.url},{fleet.decode2.url}"
+    elif layout == "dp2":
+        args["remote.decode_urls"] = fleet.dp2.url
+        args["remote.dp_size"] = "2"
+    else:
+        args["remote.decode_urls"] = fleet.decode.url
+    return args
+
+
+@dataclass
+class Graph:
+    layout: str
+    app: str
+    base: str
+    prefill: sv.VllmServer
+    #: the server each graph rank sends to, and the ``engine`` label of that rank there
+    ranks: list[tuple[sv.VllmServer, str]]
+
+    def decode_servers(self) -> list[sv.VllmServer]:
+        return list({id(s): s for s, _ in self.ranks}.values())
+
+    def handle(self) -> Any:
+        from ray import serve
+
+        return serve.get_app_handle(self.app).options(stream=True)
+
+
+def deploy_readme(fleet: Fleet, layout: str, port: int, app: str) -> Graph:
     from ray import serve
 
-    from br_serve.serve.graph import deploy
+    from graphs.balance_route import build
 
-    store = tmp_path_factory.mktemp("graph-kv")
-    p = sv.start("graph-prefill", tiny_model, free_port(), vllm_logs,
-                 example_connector("kv_producer", store))
-    d = sv.start("graph-decode", tiny_model, free_port(), vllm_logs,
-                 example_connector("kv_consumer", store))
-    port = free_port()
+    handle = serve.run(build({**readme_args(fleet, layout), "serve.app_name": app}),
+                       name=app, route_prefix=f"/{app}")
+    handle.state.remote().result(timeout_s=300)  # the scheduler found every rank
+    if layout == "external-dp":
+        ranks = [(fleet.decode, "0"), (fleet.decode2, "0")]
+    elif layout == "dp2":
+        ranks = [(fleet.dp2, "0"), (fleet.dp2, "1")]
+    else:
+        ranks = [(fleet.decode, "0")]
+    return Graph(layout, app, f"http://127.0.0.1:{port}/{app}", fleet.prefill, ranks)
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def graph(request: pytest.FixtureRequest, fleet: Fleet, serve_port: int) -> Iterator[Graph]:
+    import contextlib
+
+    from ray import serve
+
+    app = "br_" + request.param.replace("-", "_")
+    g = deploy_readme(fleet, request.param, serve_port, app)
     try:
-        sv.wait_ready([p, d], READY_S)
-        start_ray()
-        deploy(parse_graph_config(engine="vllm", remote_prefill_urls=p.url,
-                                  remote_decode_urls=d.url, remote_kv_handoff="prompt",
-                                  prefill_replicas=1, serve_port=port,
-                                  serve_app_name="br_realvllm"),
-               route_prefix="/br_realvllm")
-        yield f"http://127.0.0.1:{port}/br_realvllm", d
+        yield g
     finally:
         with contextlib.suppress(Exception):
-            serve.shutdown()  # type: ignore[no-untyped-call]
-        ray.shutdown()
-        p.stop()
-        d.stop()
+            serve.delete(app)
 
 
-def test_streams_complete_and_decode_loads_the_prefilled_kv(
-        graph_pd: tuple[str, sv.VllmServer]) -> None:
-    base, d = graph_pd
-    hits0 = d.metric("vllm:external_prefix_cache_hits_total")
+def _prompt(layout: str, i: int) -> str:
+    """A prompt no other test sends: each must miss every prefix cache and be found by
+    the connector only."""
+    return f"w{410 + 10 * LAYOUTS.index(layout) + i} {LONG}"
 
-    async def go() -> list[object]:
-        async with httpx.AsyncClient(base_url=base, timeout=300) as c:
+
+# -- start-up failures, each within 60 s and naming the cause -------------------------
+@pytest.mark.parametrize("case", ["wrong-model", "no-transfer-params", "unreachable"])
+def test_a_deployment_that_cannot_serve_fails_within_60_s_naming_why(
+        fleet: Fleet, case: str) -> None:
+    from br_serve.serve.config import GraphConfigError
+    from graphs.balance_route import build
+
+    args = readme_args(fleet, "pd")
+    closed = f"http://127.0.0.1:{free_port()}"
+    if case == "wrong-model":
+        args["remote.model"] = "no-such-model"
+        want = "remote.model: 'no-such-model' is not served by remote.prefill_urls[0]"
+    elif case == "no-transfer-params":  # a NIXL-style deployment whose connector is absent
+        args["remote.kv_handoff"] = "params"
+        want = (f"remote.prefill_urls[0] {fleet.prefill.url}: the prefill answer has no "
+                "kv_transfer_params")
+    else:
+        args["remote.decode_urls"] = closed
+        want = f"remote.decode_urls[0] {closed}: cannot reach the engine"
+    t0 = time.monotonic()
+    with pytest.raises(GraphConfigError) as err:
+        build({**args, "serve.app_name": f"br_fail_{case.replace('-', '_')}"})
+    took_s = time.monotonic() - t0
+    assert want in str(err.value), str(err.value)
+    assert took_s < 60, took_s
+
+
+# -- the three layouts ---------------------------------------------------------------
+def test_streams_complete_and_decode_loads_the_prefilled_kv(graph: Graph) -> None:
+    n, max_tokens = 4, 6
+    hits0 = sum(s.metric("vllm:external_prefix_cache_hits_total")
+                for s in graph.decode_servers())
+
+    async def go() -> list[Any]:
+        async with httpx.AsyncClient(base_url=graph.base, timeout=300) as c:
             return list(await asyncio.gather(*(stream_completion(
-                c, "/v1/completions", {"prompt": f"{LONG} w{400 + i}", "max_tokens": 6,
-                                       "ignore_eos": True}) for i in range(3))))
+                c, "/v1/completions", {"prompt": _prompt(graph.layout, i),
+                                       "max_tokens": max_tokens, "ignore_eos": True})
+                for i in range(n))))
 
-    results = asyncio.run(go())
-    for r in results:
-        assert r.status == 200 and r.done and r.error is None, r  # type: ignore[attr-defined]
-        assert len(r.texts) == 6, r  # type: ignore[attr-defined]
-    hits = d.metric("vllm:external_prefix_cache_hits_total") - hits0
-    assert hits >= 3 * 64, f"decode loaded {hits} prompt tokens from the connector"
+    for r in asyncio.run(go()):
+        assert r.status == 200 and r.done and r.error is None, r
+        # the graph may put several tokens in one SSE event; a word per token, except that
+        # the random model may emit a special token (``</s>`` under ignore_eos), which
+        # vLLM detokenizes to nothing: usage counts every token, the text at most one word each
+        assert 1 <= len("".join(r.texts).split()) <= max_tokens, r
+        assert r.usage is not None and r.usage["completion_tokens"] == max_tokens, r
+    hits = sum(s.metric("vllm:external_prefix_cache_hits_total")
+               for s in graph.decode_servers()) - hits0
+    assert hits >= n * 64, f"the decode servers loaded {hits} prompt tokens from the connector"
 
 
-def test_client_gone_mid_stream_ends_the_engine_request(
-        graph_pd: tuple[str, sv.VllmServer]) -> None:
-    base, d = graph_pd
-    body = {"prompt": LONG, "max_tokens": 150, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=300) as r:
+def _by_rank(graph: Graph) -> list[float]:
+    return [s.metric("vllm:request_success_total", engine=e) for s, e in graph.ranks]
+
+
+def test_each_request_runs_on_the_rank_the_graph_bound_it_to(graph: Graph) -> None:
+    """The handle API names the replica (DP rank) of every token; vLLM's own per-engine
+    (per-server for external DP) success counters must count the same requests."""
+    n, max_tokens = 8, 3
+    before = _by_rank(graph)
+
+    async def one(i: int) -> set[int]:
+        gen = graph.handle().generate_stream.remote(f"w{i} w{i + 1} w{i + 2}",
+                                                    max_tokens=max_tokens, seed=i)
+        replicas = set()
+        async for item in gen:
+            assert item.get("error") is None, item
+            replicas.add(int(item["replica"]))
+        return replicas
+
+    async def go() -> list[set[int]]:
+        return list(await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), 300))
+
+    bound: Counter[int] = Counter()
+    for replicas in asyncio.run(go()):
+        assert len(replicas) == 1 and -1 not in replicas, replicas
+        bound[replicas.pop()] += 1
+    after = _by_rank(graph)
+    ran = [round(a - b) for a, b in zip(after, before, strict=True)]
+    assert ran == [bound[g] for g in range(len(graph.ranks))], (ran, dict(bound))
+
+
+def test_client_disconnect_ends_the_engine_request_and_frees_the_prefill(
+        graph: Graph) -> None:
+    servers = graph.decode_servers()
+    # 400 tokens (of the 512 context): the engine is still decoding when the client goes
+    body = {"prompt": _prompt(graph.layout, 5), "max_tokens": 400, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{graph.base}/v1/completions", json=body, timeout=300) as r:
         assert r.status_code == 200
-        lines = []
+        tokens = 0
         for line in r.iter_lines():
-            if line.startswith("data: "):
-                lines.append(json.loads(line[len("data: "):]))
-            if len(lines) >= 3:
+            tokens += line.startswith("data: {")
+            if tokens >= 3:
                 break
-        assert all("choices" in ev for ev in lines), lines  # token chunks arrived
+        running = sum(s.metric("vllm:num_requests_running") for s in servers)
+    assert tokens >= 3 and running >= 1, (tokens, running)
+    # and clients that leave at once, some before their prefill is done
+    for i in range(3):
+        with httpx.stream("POST", f"{graph.base}/v1/completions", timeout=300,
+                          json={**body, "prompt": _prompt(graph.layout, 6 + i)}) as r:
+            pass
     deadline = time.monotonic() + 60
-    while d.metric("vllm:num_requests_running") > 0 and time.monotonic() < deadline:
+    watched = [*servers, graph.prefill]
+
+    def busy() -> list[float]:
+        return [s.metric(m) for s in watched
+                for m in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                          "vllm:kv_cache_usage_perc")]
+
+    while any(busy()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert d.metric("vllm:num_requests_running") == 0
+    assert not any(busy()), busy()
+    assert any("Aborted request" in s.log() or "aborted" in s.log().lower() for s in servers)
