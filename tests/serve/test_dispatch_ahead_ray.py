@@ -31,7 +31,7 @@ def http_port() -> Iterator[int]:
     ray.shutdown()
 
 
-def test_the_engine_holds_a_queue_no_deeper_than_the_depth(http_port: int) -> None:
+def test_the_engine_queues_and_never_holds_more_than_slots_plus_depth(http_port: int) -> None:
     from ray import serve
 
     from br_serve.serve.config import parse_graph_config
