@@ -66,8 +66,11 @@ class ServePoolConfig(PoolConfig):
     places per rank, and its snapshot tells the requests queued at the engine (bound
     after the rank's first ``slots``: the engine admits in order) apart from the
     running ones (br0 balances the load a new request meets when it starts: its option
-    ``queued_load``), so it still chooses which request and which rank; every other
-    request stays in the pool (late binding). None: 2 with remote engines
+    ``queued_load``), so it still chooses which request and which rank. A tick offers
+    free engine slots first, and queue places only for the pool's requests beyond
+    ``dispatch_ahead`` per rank (a backlog); every other request stays in the pool
+    (late binding), so a draining pool's last requests go to the ranks that free a slot
+    first. None: 2 with remote engines
     (``engine.name=vllm|sglang``, which queue per rank), 0 with the graph's own engines,
     which have no queue (a value > 0 is refused there)."""
 

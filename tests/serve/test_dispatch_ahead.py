@@ -113,3 +113,61 @@ def test_the_replica_book_takes_the_places_and_installs_every_taken_request() ->
     installs, aborts = book.take_work()
     assert [a.request_id for a, _ in installs] == [f"r{i}" for i in range(6)]
     assert aborts == [] and book.taken() == 6
+
+
+def _queue_core(policy: str, slots: int = 2, depth: int = 2) -> SchedulerCore:
+    """Two ranks of ``slots`` engine slots and ``depth`` queue places each."""
+    core = SchedulerCore(2, slots + depth, 64, StepModel(1e-3, 0.01, 0.0),
+                         build_policy(policy), detail=True,
+                         clock=iter(range(10**6)).__next__, engine_slots=slots)
+    for g in range(2):
+        core.mark_alive(g, f"i{g}")
+    return core
+
+
+def test_the_last_requests_bind_late_not_into_the_queue_of_the_first_reporter() -> None:
+    """The G = 8 under-fill (docs/peers.md): with the pool draining, a rank whose
+    running requests finish first used to get the pool's last requests in its queue
+    places, behind requests that had just started, while the other ranks were about to
+    free slots and then idled. Queue places now take only the pool's backlog beyond
+    ``d`` per rank: the rest waits for a free engine slot, wherever it comes first."""
+    core = _queue_core("jsq")
+    for i in range(12):
+        assert core.submit(_admission(f"r{i}", 10)) == "queued"
+    sent = _tick_all(core)
+    # engine slots first (2 per rank), then the queue places for the backlog of 8
+    assert sorted(sum(1 for g, _ in sent if g == r) for r in range(2)) == [4, 4]
+    assert len(core.pool) == 4
+    mine = [rid for g, rid in sent if g == 0]
+    # rank 0's two running finish: its queued two start, two queue places free; the
+    # pool (4) is no deeper than the ranks' queue places (2 x 2): nothing is bound ahead
+    core.on_report(_report(0, tuple(mine[2:]), tuple(mine[:2]), step=1))
+    assert _tick_all(core) == []
+    # a third finish frees an engine slot: exactly one request binds, there
+    core.on_report(_report(0, tuple(mine[3:]), (mine[2],), step=2))
+    assert [g for g, _ in _tick_all(core)] == [0]
+    assert len(core.pool) == 3
+
+
+@pytest.mark.parametrize("rule", ["bound", "entry"])
+def test_a_free_engine_slot_is_offered_before_a_queue_place(rule: str) -> None:
+    """Rank 0 runs two short requests (engine full, queue empty); rank 1 runs one long
+    one (an engine slot free). br0 balances tokens and would queue the next request at
+    rank 0, where it waits for a departure, while rank 1 could run it now: the
+    scheduler offers only the free engine slot."""
+    core = _queue_core("br0")
+    core.policy = build_policy("br0", {"queued_load": rule})
+    for rid, prompt in (("a", 10), ("b", 10), ("c", 5000)):
+        assert core.submit(_admission(rid, prompt)) == "queued"
+    first = _tick_all(core)
+    assert len(first) == 3 and len(core.pool) == 0
+    by = {rid: g for g, rid in first}
+    long_g = by["c"]
+    assert by["a"] == by["b"] == 1 - long_g  # balanced by tokens: the short ones pair
+    for i in range(6):
+        assert core.submit(_admission(f"n{i}", 10)) == "queued"
+    again = _tick_all(core)
+    # the one free engine slot first; the queue places only for the backlog beyond
+    # 2 x 2: 6 - 1 = 5 in the pool, so one more may queue
+    assert again[0][0] == long_g
+    assert len(again) == 2

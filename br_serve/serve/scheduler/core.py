@@ -32,7 +32,15 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from br_serve.core import FinishedRequests, PolicyBase, PoolFullError, PoolRequest, PromptPool
+from br_serve.core import (
+    ClusterSnapshot,
+    FinishedRequests,
+    PolicyBase,
+    PoolFullError,
+    PoolRequest,
+    PromptPool,
+)
+from br_serve.core.ahead import engine_free, engine_slots_only, queue_room
 from br_serve.core.calibration import Coefficients, StepCalibrator, with_coefficients
 from br_serve.core.predictor import TerminationPredictor
 from br_serve.core.step import StepModel
@@ -143,27 +151,46 @@ class SchedulerCore:
 
     # -- the tick -------------------------------------------------------------------
     def tick(self) -> list[Dispatch]:
-        """Run the policy once on the pool; the assignments leave the pool for the
-        mirror (in flight) and come back as the admissions to send."""
+        """Run the policy on the pool; the assignments leave the pool for the mirror (in
+        flight) and come back as the admissions to send. With an engine queue
+        (``engine_slots``) the policy is offered the free engine slots first, then the
+        queue places only for the pool's backlog (:mod:`br_serve.core.ahead`)."""
         self.retick_s = None
         if not len(self.pool) or not self.mirror.state.free_slots().any():
             return []
         t0 = time.perf_counter()
-        snap = self.mirror.snapshot(self.detail)
-        coef = self.coefficients()
-        if coef is not None:
-            snap = with_coefficients(snap, coef)
-        res = self.policy.schedule(snap, self.pool, self.now_s(), self.ticks)
-        self.ticks += 1
-        self.retick_s = res.retick_s  # a held request: the driver ticks again by then
-        tickets = [self.pool.ticket(a.request_id) for a in res.assignments]
-        reqs = self.pool.remove_many(res.assignments)
         out: list[Dispatch] = []
-        for a, req, ticket in zip(res.assignments, reqs, tickets, strict=True):
-            seq = self.mirror.dispatch(a, req, ticket)
-            out.append(Dispatch(a.replica, self.admissions[a.request_id], seq))
+        snap = self._snapshot()
+        if snap.engine_slots is None:
+            self._place(snap, None, out)
+        else:
+            if engine_free(snap).any():
+                self._place(engine_slots_only(snap), None, out)
+                snap = self._snapshot()
+            room = queue_room(snap, len(self.pool))
+            if room > 0:
+                self._place(snap, room, out)
+        self.ticks += 1
         self.stats.record_tick(time.perf_counter() - t0, len(out))
         return out
+
+    def _snapshot(self) -> ClusterSnapshot:
+        snap = self.mirror.snapshot(self.detail)
+        coef = self.coefficients()
+        return snap if coef is None else with_coefficients(snap, coef)
+
+    def _place(self, snap: ClusterSnapshot, limit: int | None, out: list[Dispatch]) -> None:
+        """One policy call on ``snap``: its first ``limit`` assignments (None: all) leave
+        the pool for the mirror and are appended to ``out``."""
+        res = self.policy.schedule(snap, self.pool, self.now_s(), self.ticks)
+        if res.retick_s is not None:  # a held request: the driver ticks again by then
+            self.retick_s = res.retick_s
+        chosen = res.assignments if limit is None else res.assignments[:limit]
+        tickets = [self.pool.ticket(a.request_id) for a in chosen]
+        reqs = self.pool.remove_many(chosen)
+        for a, req, ticket in zip(chosen, reqs, tickets, strict=True):
+            seq = self.mirror.dispatch(a, req, ticket)
+            out.append(Dispatch(a.replica, self.admissions[a.request_id], seq))
 
     def answered(self, d: Dispatch, reply: AdmitReply | None) -> bool:
         """Replica ``d.replica``'s answer to ``d`` (None: the call failed). True when the
