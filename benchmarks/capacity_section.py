@@ -22,6 +22,12 @@ from typing import Any
 
 DEFAULT = "br0"
 YARDSTICK = "brh+oracle"
+# the default-change candidates of benchmarks/capacity_table.sh, against br0 in the same cell
+CANDIDATES = {"br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
+              "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks"}
+# cells measured before br0's fairness default became 2 x FCFS wait + 120 s (it was 30 s
+# beyond FCFS): the results page's and the field's first look
+EARLIER = " [br0: earlier default, 30 s beyond FCFS]"
 HEAD = "## Capacity at a latency SLO: the field's rules, the default, a clairvoyant yardstick"
 NEXT = "## The paper's numbers"
 
@@ -35,15 +41,15 @@ def _cells(root: Path) -> list[tuple[str, str, dict[str, Any]]]:
         for wl, w in doc["workloads"].items():
             c = w.get("cells", {}).get("capacity")
             if c:
-                out.append((f"{wl} (results page)", "results/sim_results.json", c))
+                out.append((f"{wl} (results page){EARLIER}", "results/sim_results.json", c))
     for p in sorted((root / "results" / "field").glob("*-capacity.json")):
         if "least-load" not in p.name:
-            out.append((f"{p.stem.removesuffix('-capacity')} (field first look)",
+            out.append((f"{p.stem.removesuffix('-capacity')} (field first look){EARLIER}",
                         f"results/field/{p.name}", json.loads(p.read_text())))
-    for p in sorted((root / "results" / "capacity").glob("*.json")):
-        if p.name != "manifest.json":
-            out.append((p.stem, f"results/capacity/{p.name}", json.loads(p.read_text())))
-    return out
+    cap = [(p.stem, f"results/capacity/{p.name}", json.loads(p.read_text()))
+           for p in sorted((root / "results" / "capacity").glob("*.json"))
+           if p.name != "manifest.json"]
+    return cap + out
 
 
 def _window(doc: dict[str, Any]) -> str:
@@ -129,6 +135,14 @@ outputs (alpha 1.3, median 1,500, up to 32,000).
 """
 
 
+CAND_INTRO = """\
+### The default-change candidates, in the same windows as br0
+
+Each cell: capacity req/s (against br0 in the same cell: relative difference and verdict
+at twice the resolution), TTFT P95 and barrier idle share at that capacity.
+"""
+
+
 MEANING = """\
 ### What it means (K, window and resolution per cell in the tables)
 
@@ -191,6 +205,32 @@ MEANING = """\
 """
 
 
+def _cand(r: dict[str, Any] | None, d: dict[str, Any] | None, tol: float) -> str:
+    """One candidate's cell: capacity (against br0 ``d`` unless None), TTFT P95, idle."""
+    if r is None:
+        return "-"
+    vs = "" if d is None else f", {_vs(r['capacity_req_s'], d['capacity_req_s'], tol)}"
+    return (f"{_cap(r)}{vs}; TTFT {_f(r.get('ttft_p95_s'), '.1f')} s; idle "
+            f"{_f(r.get('barrier_idle_share'), '.0%')}")
+
+
+def _candidates(cells: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """Per cell that ran them: each default-change candidate's capacity against br0 in the
+    same windows, with its TTFT P95 and barrier idle share at that capacity."""
+    head = ["| cell | br0 (default) | " + " | ".join(f"br0 {v}" for v in CANDIDATES.values())
+            + " |", "|---|---|" + "---|" * len(CANDIDATES)]
+    rows = []
+    for name, _src, doc in cells:
+        runs = {r["label"]: r for r in doc["runs"]}
+        d = runs.get(DEFAULT)
+        if d is None or not any(k in runs for k in CANDIDATES):
+            continue
+        tol = float(doc["bracket"]["rel_tol"])
+        rows.append(f"| {name} | {_cand(d, None, tol)} | "
+                    + " | ".join(_cand(runs.get(k), d, tol) for k in CANDIDATES) + " |")
+    return [*head, *rows, ""] if rows else []
+
+
 def section(root: Path) -> str:
     cells = _cells(root)
     head = ["| cell | G | K x window | resolution | best field rule req/s | br0 (default) | "
@@ -201,8 +241,11 @@ def section(root: Path) -> str:
         row, lines = _summary(name, src, doc)
         rows.append(row)
         details += lines
-    return "\n".join([HEAD, "", INTRO, *head, *rows, "", MEANING, "### Per cell", "",
-                      *details]) + "\n"
+    cand = _candidates(cells)
+    if cand:
+        cand = [CAND_INTRO, *cand]
+    return "\n".join([HEAD, "", INTRO, *head, *rows, "", *cand, MEANING, "### Per cell", "",
+                       *details]) + "\n"
 
 
 def splice(md: Path, text: str) -> None:

@@ -71,8 +71,11 @@ for c in ${*:-$ALL}; do
     azure-conv-g16) cell "$c" 16 50.1 20.0 44.0 "${AZ[@]}" ;;
     chat-rag-g8) cell "$c" 8 87.6 0.15 1.0 "${CR[@]}" ;;
     chat-rag-g16) cell "$c" 16 87.6 0.3 2.0 "${CR[@]}" ;;
-    reasoning-g8) cell "$c" 8 64.8 0.1 0.8 "${RS[@]}" ;;
-    reasoning-g16) cell "$c" 16 64.8 0.2 1.6 "${RS[@]}" ;;
+    # reasoning: the mean-size bar (64.8 ms) is below the TPOT P95 every policy has even at
+    # low load (~67 ms at 0.15 req/s, set by the 32k-token tails), so the bar is 1.25 x
+    # that floor: 84 ms
+    reasoning-g8) cell "$c" 8 84.0 0.15 1.0 "${RS[@]}" ;;
+    reasoning-g16) cell "$c" 16 84.0 0.3 2.0 "${RS[@]}" ;;
     *) echo "unknown cell $c" >&2; exit 2 ;;
   esac
 done
