@@ -121,10 +121,17 @@ which the ensemble means over K paired windows of TPOT P95 and TTFT P95 meet: TP
 1.25 x the step time of a full, perfectly balanced replica of mean-size requests
 (`b + a * B * (mean prompt + mean output / 2)`, per workload: ServeGen R1 with outputs
 > 1000 61.0 ms, Mooncake conversation 159.6 ms, Azure 2023 conv 50.1 ms, chat-rag
-87.6 ms, reasoning 64.8 ms) and TTFT P95 <= 10 s. The resolution is the bisection's stopping
+87.6 ms; reasoning: that rule gives 64.8 ms, below the ~67 ms TPOT P95 every policy has
+even at low load (set by the 32k-token tails), so its bar is 1.25 x that floor, 84 ms) and
+TTFT P95 <= 10 s. The resolution is the bisection's stopping
 width; a difference within twice it is not claimed ("tie"). The best field rule is the best
-of the field's rules run in that cell (jsq, sglang_total_tokens, min_max, vllm_dp, smg's
-rules, vllm-router's power-of-two, DyntraLB in the engine behind a routing rule, ...); the
+of the field's rules run in that cell (in the cells of `benchmarks/capacity_table.sh`:
+jsq, sglang_total_tokens, min_max, vllm_dp, smg's `--dp-minimum-tokens-scheduler`
+(smg_min_tokens) and `least_load` (smg_least_load), vllm-router's `power_of_two` as it
+runs in PD mode (vllm_router_p2c with `p2c_loads=none`: load-blind, docs/peers.md) and
+DyntraLB on the ranks behind sglang_total_tokens; every field rule binds late, as the
+simulator's policies do by default, which is generous to them: the real routers bind at
+arrival, docs/peers.md); the
 yardstick is brh with the oracle predictor (it knows every output length), and "default's
 position" is (br0 - best field) / (yardstick - best field), shown only where the yardstick
 is above the best field rule by more than twice the resolution. The stress workloads are
