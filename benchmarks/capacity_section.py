@@ -26,7 +26,7 @@ YARDSTICK = "brh+oracle"
 CANDIDATES = {"br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
               "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks"}
 # cells measured before br0's fairness default became 2 x FCFS wait + 120 s (it was 30 s
-# beyond FCFS): the results page's and the field's first look
+# beyond FCFS): the results page's, the field's first look and results/capacity/earlier-*
 EARLIER = " [br0: earlier default, 30 s beyond FCFS]"
 HEAD = "## Capacity at a latency SLO: the field's rules, the default, a clairvoyant yardstick"
 NEXT = "## The paper's numbers"
@@ -49,7 +49,11 @@ def _cells(root: Path) -> list[tuple[str, str, dict[str, Any]]]:
     cap = [(p.stem, f"results/capacity/{p.name}", json.loads(p.read_text()))
            for p in sorted((root / "results" / "capacity").glob("*.json"))
            if p.name != "manifest.json"]
-    return cap + out
+    # results/capacity/earlier-*.json: measured with br0's earlier default, kept until rerun
+    now = [c for c in cap if not c[0].startswith("earlier-")]
+    old = [(n.removeprefix("earlier-") + EARLIER, f, d) for n, f, d in cap
+           if n.startswith("earlier-")]
+    return now + old + out
 
 
 def _window(doc: dict[str, Any]) -> str:
