@@ -186,23 +186,22 @@ DyntraLB behind sglang_total_tokens; the table script's default set runs the who
 - **Azure 2023 conv (G = 8, K = 4 x 1000, 5%): the default loses on the TTFT tail, and an
   ageing budget fixes it.** TPOT stays at ~42 ms against the 50.1 ms bar for every policy;
   the TTFT P95 decides. sglang_total_tokens (= min_max) carries 16.5 req/s (TTFT P95
-  8.2 s). br0 with main's default fails the TTFT bar even at the bracket's low end,
-  15 req/s (TTFT P95 11.3 s; 25.3 s at 16.5 and 42.1 s at 18.2 req/s, where
-  sglang_total_tokens has 8.2 and 12.9 s): the fairness bound (2 x the FCFS wait + 120 s)
+  8.2 s). br0 with main's default carries 14.6 (`azure-conv-g8-low`, the same windows:
+  -11.4%, lower; TTFT P95 11.3 s at 15, 25.3 s at 16.5 and 42.1 s at 18.2 req/s, where
+  sglang_total_tokens has 3.9, 8.2 and 12.9 s): the fairness bound (2 x the FCFS wait + 120 s)
   lets newer short requests overtake older ones for up to minutes near saturation, which
   is what the TTFT P95 measures. br0 with `ttft_budget_s=5` carries 17.3 req/s (TTFT P95
-  9.4 s; +4.9% over sglang_total_tokens, a tie at 5%); `cost=time` (10.6 s at 15 req/s) and
-  `hold_budget_ms=5000` (15.4 s) do not help here: a hold spends exactly the TTFT slack
-  that binds.
+  9.4 s; +4.9% over sglang_total_tokens, a tie at 5%; +18.4% over br0); `cost=time`
+  (14.6, = br0) and `hold_budget_ms=5000` (13.9, TTFT P95 15.4 s at 15 req/s) do not
+  help: a hold spends exactly the TTFT slack that binds.
 - **Default-change candidates, for issue 26's owner** (the candidates table above):
   `ttft_budget_s = 5` (half the TTFT SLO) is never worse than br0 in the two cells of
-  this default (Mooncake = br0; Azure 17.3 req/s where br0 fails at 15) and removes the
-  Azure loss; `hold_budget_ms = 5000` is worth +8.9% on Mooncake but fails Azure's TTFT
-  bar (TTFT P95 15.4 s at 15 req/s against br0's 11.3 s), so it cannot be a global
-  default as it stands (a hold together with the ageing budget is the next thing to
-  measure); `cost=time` on equal replicas equals tokens on Mooncake (2.193) and fails
-  Azure's TTFT bar like br0 (10.6 s at 15 req/s): no capacity gain measured, so these
-  cells give no reason to make it the default (nor evidence it is ever worse).
+  this default (Mooncake = br0; Azure 17.3 req/s against br0's 14.6) and removes the
+  Azure loss; `hold_budget_ms = 5000` is worth +8.9% on Mooncake but costs Azure 4.9%
+  (13.9 against br0's 14.6; TTFT P95 15.4 s at 15 req/s against 11.3 s), so it cannot be
+  a global default as it stands; `cost=time` on equal replicas equals tokens on Mooncake
+  (2.193) and on Azure (14.6): no capacity gain measured, so these cells give no reason
+  to make it the default (nor evidence that it is ever worse).
 """
 
 
