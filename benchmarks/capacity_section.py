@@ -180,9 +180,16 @@ DyntraLB behind sglang_total_tokens; the table script's default set runs the who
   open replica (or pausing admission on the ranks above the mean, DyntraLB) keeps the
   steps near the mean load (idle 0.29 -> 0.23 / 0.17) and spends TTFT slack. br0 with
   `ttft_budget_s=5` and with `cost=time` carry br0's 2.193.
-- **ServeGen R1, G = 16 and the stress workloads under the current default: not
-  measured** (the host's CPU; the search for R1 G = 8 did not finish its second round in
-  the time box). Their cells below are the earlier default's.
+- **ServeGen R1 (outputs > 1000, G = 8, K = 4 x 1000, 5%): a tie, with ~44% of the
+  barrier idle at every policy's capacity.** sglang_total_tokens = min_max 0.567 req/s,
+  br0 0.592 (+4.4%, a tie), br0 with `ttft_budget_s=5` 0.592, with `hold_budget_ms=5000`
+  or `cost=time` 0.567 (-4.2% against br0, a tie). TTFT P95 is ~0.3 s: the TPOT bar binds
+  in a shallow pool (about 9 live requests per replica), where a router places one
+  request at a time and cannot undo the spread of a few heavy-tailed requests as they
+  grow; a hold buys nothing when nothing waits. (Earlier default: brh+oracle +6.8% over
+  br0, a tie with min_max; not rerun.)
+- **G = 16 and the stress workloads under the current default: not measured** (the
+  host's CPU); their cells below are the earlier default's.
 - **Azure 2023 conv (G = 8, K = 4 x 1000, 5%): the default loses on the TTFT tail, and an
   ageing budget fixes it.** TPOT stays at ~42 ms against the 50.1 ms bar for every policy;
   the TTFT P95 decides. sglang_total_tokens (= min_max) carries 16.5 req/s (TTFT P95
@@ -196,12 +203,13 @@ DyntraLB behind sglang_total_tokens; the table script's default set runs the who
   help: a hold spends exactly the TTFT slack that binds.
 - **Default-change candidates, for issue 26's owner** (the candidates table above):
   `ttft_budget_s = 5` (half the TTFT SLO) is never worse than br0 in the two cells of
-  this default (Mooncake = br0; Azure 17.3 req/s against br0's 14.6) and removes the
+  this default (Mooncake and R1 = br0; Azure 17.3 req/s against br0's 14.6) and removes the
   Azure loss; `hold_budget_ms = 5000` is worth +8.9% on Mooncake but costs Azure 4.9%
   (13.9 against br0's 14.6; TTFT P95 15.4 s at 15 req/s against 11.3 s), so it cannot be
-  a global default as it stands; `cost=time` on equal replicas equals tokens on Mooncake
-  (2.193) and on Azure (14.6): no capacity gain measured, so these cells give no reason
-  to make it the default (nor evidence that it is ever worse).
+  a global default as it stands (R1: 0.567, -4.2%, a tie); `cost=time` on equal replicas
+  equals tokens on Mooncake (2.193) and on Azure (14.6) and is 4.2% below on R1 (0.567
+  against 0.592, a tie): no capacity gain measured, so these cells give no reason to
+  make it the default.
 """
 
 
