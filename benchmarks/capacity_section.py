@@ -24,7 +24,8 @@ DEFAULT = "br0"
 YARDSTICK = "brh+oracle"
 # the default-change candidates of benchmarks/capacity_table.sh, against br0 in the same cell
 CANDIDATES = {"br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
-              "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks"}
+              "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks",
+              "br0-ttft5-hold5": "ttft_budget_s=5 + hold_budget_ms=5000"}
 # cells measured before br0's fairness default became 2 x FCFS wait + 120 s (it was 30 s
 # beyond FCFS): the results page's, the field's first look and results/capacity/earlier-*
 EARLIER = " [br0: earlier default, 30 s beyond FCFS]"
@@ -206,7 +207,11 @@ DyntraLB behind sglang_total_tokens; the table script's default set runs the who
   this default (Mooncake and R1 = br0; Azure 17.3 req/s against br0's 14.6) and removes the
   Azure loss; `hold_budget_ms = 5000` is worth +8.9% on Mooncake but costs Azure 4.9%
   (13.9 against br0's 14.6; TTFT P95 15.4 s at 15 req/s against 11.3 s), so it cannot be
-  a global default as it stands (R1: 0.567, -4.2%, a tie); `cost=time` on equal replicas
+  a global default as it stands (R1: 0.567, -4.2%, a tie). Both together
+  (`*-ttft-hold` cells, br0 rerun in the same windows): Azure 16.7 (+13.4% over br0, a
+  tie with the budget alone), Mooncake 2.255 (+4.9% over br0, a tie; the hold alone
+  carries 2.388): the budget keeps the Azure repair but gives back most of the hold's
+  Mooncake gain. `cost=time` on equal replicas
   equals tokens on Mooncake (2.193) and on Azure (14.6) and is 4.2% below on R1 (0.567
   against 0.592, a tie): no capacity gain measured, so these cells give no reason to
   make it the default.
