@@ -160,8 +160,8 @@ MEANING = """\
 
 Cells without a mark were measured with br0's current default (fairness: pool wait <= 2 x
 the FCFS wait + 120 s); cells marked "earlier default" with the 30 s-beyond-FCFS rule it
-replaced, kept until they are rerun. The cells of this default are small (the shared
-build host gave the simulator a few percent of a core): the field rows are the two best
+replaced, kept until they are rerun. The cells of this default are small (CPU time):
+the field rows are the two best
 router rules of the field's first look (sglang_total_tokens, min_max; vllm_dp, smg's two
 rules, vllm-router's power_of_two and jsq were all below them there, on R1 and Mooncake,
 K = 8 x 1000, 3%, and a field rule does not depend on br0's default) and, on Mooncake,
@@ -189,8 +189,12 @@ DyntraLB behind sglang_total_tokens; the table script's default set runs the who
   request at a time and cannot undo the spread of a few heavy-tailed requests as they
   grow; a hold buys nothing when nothing waits. (Earlier default: brh+oracle +6.8% over
   br0, a tie with min_max; not rerun.)
-- **G = 16 and the stress workloads under the current default: not measured** (the
-  host's CPU); their cells below are the earlier default's.
+- **Mooncake G = 16 (K = 4 x 1000, 5%): the same picture as G = 8.** sglang_total_tokens
+  4.673 req/s, br0 4.964 (+6.2%, a tie), DyntraLB behind sglang_total_tokens 5.434 (br0
+  -8.6%, a tie but more than 1 point), br0 with `hold_budget_ms=5000` 5.434 (= DyntraLB;
+  +16.3% over the best router rule; TTFT P95 5.6 s), with `ttft_budget_s=5` 4.964 (= br0).
+- **ServeGen R1 G = 16 and the stress workloads under the current default: not
+  measured** (the host's CPU); their cells below are the earlier default's.
 - **Azure 2023 conv (G = 8, K = 4 x 1000, 5%): the default loses on the TTFT tail, and an
   ageing budget fixes it.** TPOT stays at ~42 ms against the 50.1 ms bar for every policy;
   the TTFT P95 decides. sglang_total_tokens (= min_max) carries 16.5 req/s (TTFT P95
@@ -203,9 +207,11 @@ DyntraLB behind sglang_total_tokens; the table script's default set runs the who
   (14.6, = br0) and `hold_budget_ms=5000` (13.9, TTFT P95 15.4 s at 15 req/s) do not
   help: a hold spends exactly the TTFT slack that binds.
 - **Default-change candidates, for issue 26's owner** (the candidates table above):
-  `ttft_budget_s = 5` (half the TTFT SLO) is never worse than br0 in the two cells of
-  this default (Mooncake and R1 = br0; Azure 17.3 req/s against br0's 14.6) and removes the
-  Azure loss; `hold_budget_ms = 5000` is worth +8.9% on Mooncake but costs Azure 4.9%
+  `ttft_budget_s = 5` (half the TTFT SLO) is never worse than br0 in the cells of
+  this default (Mooncake G = 8 and 16 and R1 = br0; Azure 17.3 req/s against br0's 14.6)
+  and removes the
+  Azure loss; `hold_budget_ms = 5000` is worth +8.9% / +9.5% on Mooncake G = 8 / 16
+  but costs Azure 4.9%
   (13.9 against br0's 14.6; TTFT P95 15.4 s at 15 req/s against 11.3 s), so it cannot be
   a global default as it stands (R1: 0.567, -4.2%, a tie). Both together
   (`*-ttft-hold` cells, br0 rerun in the same windows): Azure 16.7 (+13.4% over br0, a
