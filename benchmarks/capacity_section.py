@@ -71,14 +71,23 @@ def _verdict(ratio: float, tol: float) -> str:
 
 
 def _cap(r: dict[str, Any]) -> str:
-    """The capacity, marked ">=" where the bracket's top met the SLO (a lower bound)."""
+    """The capacity, marked ">=" where the bracket's top met the SLO (a lower bound) and
+    "<" the lowest rate tried where even that failed (an upper bound)."""
+    if r["capacity_req_s"] <= 0 and r.get("evaluations"):
+        return f"<{min(e['req_s'] for e in r['evaluations']):.3f}"
     return (">=" if r.get("capped") else "") + f"{r['capacity_req_s']:.3f}"
 
 
 def _vs(c: float, b: float, tol: float) -> str:
-    """``c`` against ``b``: relative difference and verdict ("-" where ``b`` is 0: the
-    SLO was not met anywhere in the bracket)."""
-    return f"{c / b - 1:+.1%}, {_verdict(c / b, tol)}" if b > 0 else "-, not met in bracket"
+    """``c`` against ``b``: relative difference and verdict, or which of the two failed the
+    SLO even at the bracket's low end (capacity 0)."""
+    if b <= 0 and c <= 0:
+        return "-, both below the bracket"
+    if b <= 0:
+        return "-, higher (the reference is below the bracket)"
+    if c <= 0:
+        return "-, lower (below the bracket)"
+    return f"{c / b - 1:+.1%}, {_verdict(c / b, tol)}"
 
 
 def _f(v: Any, fmt: str) -> str:
