@@ -202,8 +202,8 @@ DyntraLB behind sglang_total_tokens; the table script's default set runs the who
   4.673 req/s, br0 4.964 (+6.2%, a tie), DyntraLB behind sglang_total_tokens 5.434 (br0
   -8.6%, a tie but more than 1 point), br0 with `hold_budget_ms=5000` 5.434 (= DyntraLB;
   +16.3% over the best router rule; TTFT P95 5.6 s), with `ttft_budget_s=5` 4.964 (= br0).
-- **ServeGen R1 G = 16 and the stress workloads under the current default: not
-  measured** (the host's CPU); their cells below are the earlier default's.
+- **ServeGen R1 G = 16 under the current default: not
+  measured** (CPU time). chat-rag and reasoning: see their per-cell tables (all ties).
 - **Azure 2023 conv (G = 8, K = 4 x 1000, 5%): the default loses on the TTFT tail, and an
   ageing budget fixes it.** TPOT stays at ~42 ms against the 50.1 ms bar for every policy;
   the TTFT P95 decides. sglang_total_tokens (= min_max) carries 16.5 req/s (TTFT P95
