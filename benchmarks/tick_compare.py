@@ -43,9 +43,6 @@ CONFIGS: list[tuple[str, str, str | None, dict[str, Any]]] = [
      {"horizon": 80, "horizon_step": 10, "trust_decode_share": None}),
     ("brh H=80 every step survival, always look ahead", "brh", "survival",
      {"horizon": 80, "horizon_step": None, "trust_decode_share": None}),
-    ("brh H=80 every step survival, coverage rule (the old default)", "brh", "survival",
-     {"horizon": 80, "horizon_step": None, "trust_decode_share": None,
-      "trust_refill_coverage": 0.5}),
 ]
 
 

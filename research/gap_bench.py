@@ -33,6 +33,16 @@ METRICS = (("output_tok_s",), ("tpot_p50_ms",), ("tpot_p95_ms",), ("ttft_p50_ms"
            ("ttft_p95_ms",), ("engine", "mean_imbalance_tokens"))
 
 
+def _minimal_agent() -> None:
+    """Start Ray's dashboard agent in its minimal mode (as when the dashboard's
+    dependencies are missing): it writes its port files at once, where the full agent
+    takes longer than the raylet's fixed wait on a host at load 30-50 and the node never
+    comes up. Research-script workaround; the product's start-up is unchanged."""
+    import ray._private.utils as ray_utils
+
+    ray_utils.get_dashboard_dependency_error = lambda: ImportError("minimal agent")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trace", required=True)
@@ -43,6 +53,9 @@ def main() -> int:
     ap.add_argument("--protocols", default="sglang,vllm")
     ap.add_argument("--policies", default="br0,jsq")
     ap.add_argument("--depths", default="0,2", help="pool.dispatch_ahead values (br0)")
+    ap.add_argument("--queued-loads", default="",
+                    help="br0's policy.options.queued_load values, one arm each at every "
+                         "depth > 0 (empty: the policy's default, one arm)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--out", default="results/peers/gap_servegen_g4.json")
@@ -57,21 +70,34 @@ def main() -> int:
                          args.max_output, base.seed)
     depths = [int(d) for d in args.depths.split(",")]
     pols = [p.strip() for p in args.policies.split(",") if p.strip()]
+    qls = [q.strip() for q in args.queued_loads.split(",") if q.strip()]
     arms: list[tuple[str, Arm, Any]] = []
     for protocol in [p.strip() for p in args.protocols.split(",") if p.strip()]:
         for pol in pols:
             for d in (depths if pol == pols[0] else depths[-1:]):
-                arms.append((protocol, Arm(f"graph:{pol}:d{d}", "graph", pol, (), pol), d))
+                if d and pol == "br0" and qls:  # one arm per queued_load (an option)
+                    arms += [(protocol, Arm(f"graph:{pol}:d{d}:{q}", "graph", pol, (), pol,
+                                            (("queued_load", q),)), d) for q in qls]
+                else:
+                    arms.append((protocol, Arm(f"graph:{pol}:d{d}", "graph", pol, (), pol),
+                                 d))
         arms.append((protocol, ARMS[ROUTER[protocol]], None))
-    for attempt in range(4):  # Ray's node start-up times out (30 s) on a busy host
+    _minimal_agent()
+    # Ray's node start-up fails on a busy host: the raylet waits a fixed time for the
+    # dashboard agent's port file, and Python waits 30 s for the node to register
+    for attempt in range(12):
         try:
             start_ray(2)
             break
         except Exception as exc:
             print(f"ray start-up failed ({exc}); attempt {attempt + 1}", flush=True)
-            stop_ray()
-            if attempt == 3:
+            try:
+                stop_ray()
+            except Exception as stop_exc:  # a half-started node may not answer either
+                print(f"ray stop after a failed start: {stop_exc}", flush=True)
+            if attempt == 11:
                 raise
+            time.sleep(10)
     rows: list[dict[str, Any]] = []
     try:
         for w in wins:
@@ -81,7 +107,8 @@ def main() -> int:
                     reqs = w.requests(True, 1.0)
                     m = (peers.run_arm(arm, protocol, base, reqs, args.timeout)
                          if depth is None else
-                         run_graph(protocol, base, arm.rule, depth, reqs, args.timeout))
+                         run_graph(protocol, base, arm.rule, depth, reqs, args.timeout,
+                                   dict(arm.sim_options)))
                 except Exception as exc:  # recorded, not fatal
                     m = {"failed": f"{type(exc).__name__}: {exc}"[:500]}
                 m["host_load_1m"] = load[0]
@@ -102,15 +129,16 @@ def main() -> int:
 
 
 def run_graph(protocol: str, base: Any, policy: str, depth: int, reqs: list[Any],
-              timeout_s: float) -> dict[str, Any]:
-    """``peers.run_arm``'s graph branch with ``policy`` and ``pool.dispatch_ahead``
-    (which only a remote-engine configuration accepts)."""
+              timeout_s: float, options: dict[str, str] | None = None) -> dict[str, Any]:
+    """``peers.run_arm``'s graph branch with ``policy`` (and its ``options``) and
+    ``pool.dispatch_ahead`` (which only a remote-engine configuration accepts)."""
     t = time.perf_counter()
     with engine_processes(base, protocol) as (purl, durl):
         remote = parse_graph_config(base, engine=protocol, remote_prefill_urls=purl,
                                     remote_decode_urls=durl, remote_dp_size=base.replicas,
                                     remote_model=REMOTE_MODEL,
-                                    serve_app_name=f"gap_{protocol}", policy=policy,
+                                    serve_app_name=f"gap_{protocol}",
+                                    policy={"name": policy, "options": options or {}},
                                     pool_dispatch_ahead=str(depth))
         since = peers._steps_now(durl)
         graph = _measure_graph(remote, reqs, timeout_s, durl)
@@ -126,7 +154,12 @@ def write(args: argparse.Namespace, base: Any, depths: list[int], pols: list[str
     for protocol, arm, _ in arms:
         if arm.router != "graph":
             continue
-        for ref in (ROUTER[protocol], f"graph:{arm.rule}:d0"):
+        refs = [ROUTER[protocol], f"graph:{arm.rule}:d0"]
+        if arm.sim_options:  # a queued_load arm: also against the same depth's others
+            refs += [a.label for p, a, _ in arms if p == protocol and a.sim_options
+                     and a.label.rsplit(":", 1)[0] == arm.label.rsplit(":", 1)[0]
+                     and a.label < arm.label]
+        for ref in refs:
             if ref == arm.label or not any(a.label == ref for p, a, _ in arms
                                            if p == protocol):
                 continue

@@ -57,12 +57,38 @@ def main(path: str) -> None:
                   f"{_f(_m(rs, 'engine', 'mean_waiting'), p=2)} | "
                   f"{_f(_m(rs, 'engine', 'mean_imbalance_tokens'), p=0)} | "
                   f"{_f(_m(rs, 'engine', 'late_s'))} | {_f(_m(rs, 'host_load_1m'))} |")
-        print("\n| arm | vs | output tok/s | TPOT P95 | TTFT P50 | TTFT P95 |")
-        print("|---|---|---|---|---|---|")
+        print("\n| arm | vs | output tok/s | TPOT P95 | TTFT P50 | TTFT P95 | engine tok "
+              "per busy s | engine imbalance |")
+        print("|---|---|---|---|---|---|---|---|")
         for (p, arm, vs), g in gains.items():
             if p == protocol:
+                eng = [_paired(runs, protocol, arm, vs, "engine", k)
+                       for k in ("tokens_per_busy_s", "mean_imbalance_tokens")]
                 print(f"| {arm} | {vs} | {_g(g['output_tok_s'])} | {_g(g['tpot_p95_ms'])} | "
-                      f"{_g(g['ttft_p50_ms'])} | {_g(g['ttft_p95_ms'])} |")
+                      f"{_g(g['ttft_p50_ms'])} | {_g(g['ttft_p95_ms'])} | {_g(eng[0])} | "
+                      f"{_g(eng[1])} |")
+
+
+def _paired(runs: list[dict[str, Any]], protocol: str, arm: str, ref: str, *path: str
+            ) -> dict[str, Any] | None:
+    """The paired relative difference of ``path`` (arm / ref - 1, per window)."""
+    from br_serve.sim.stats import paired
+
+    def by(label: str) -> dict[int, float]:
+        out = {}
+        for r in runs:
+            if r["protocol"] == protocol and r["arm"] == label:
+                v = _m([r], *path)
+                if v is not None:
+                    out[r["window"]] = v
+        return out
+
+    a, b = by(arm), by(ref)
+    xs = [a[w] / b[w] - 1 for w in sorted(a) if b.get(w)]
+    if not xs:
+        return None
+    p = paired(xs)
+    return {"mean": p.mean, "ci95": p.ci95, "n": p.n}
 
 
 if __name__ == "__main__":

@@ -45,8 +45,7 @@ def _count_prefix(n: int) -> list[float]:
 
 
 class HorizonScore:
-    """``F(D) = alpha*(1'd)*D - beta*(D*1 - m)_+'d`` for one margin vector ``m``
-    (``fill`` given: ``fill*D - beta*(D*1 - m)_+'d``).
+    """``F(D) = alpha*(1'd)*D - beta*(D*1 - m)_+'d`` for one margin vector ``m``.
 
     Built once per replica and decision (O(H log H)); each evaluation is then
     O(log H) by bisection over the sorted margins with prefix sums of the weights.
@@ -55,8 +54,7 @@ class HorizonScore:
     __slots__ = ("_a", "_beta", "_cw", "_cwm", "_m", "peak")
 
     def __init__(self, margins: FloatArray | list[float], d: FloatArray | list[float],
-                 alpha: float, beta: float, uniform: bool = False,
-                 fill: float | None = None) -> None:
+                 alpha: float, beta: float, uniform: bool = False) -> None:
         # ``uniform`` (gamma == 1, every d_h == 1): a plain sort, and the weight prefix
         # sums are just 0, 1, 2, ...; the tick builds one of these per decision, so the
         # constant factor matters: plain Python on lists (BR-H's margin models pass
@@ -76,9 +74,7 @@ class HorizonScore:
             self._cwm = [0.0, *accumulate(map(mul, w_l, m_l))]
         self._m: list[float] = m_l
         total = float(len(m_l)) if uniform else self._cw[-1]
-        # ``fill`` overrides the fill weight ``alpha * (1'd)`` (BR-H with refills weighs
-        # fill and overflow per step differently: ``d`` then carries the overflow weights)
-        self._a = fill if fill is not None else alpha * total
+        self._a = alpha * total
         self._beta = beta
         # Concave, piecewise linear: slope just past the j-th smallest margin is
         # a - beta*cw[j+1]; the maximiser is the first breakpoint where it turns <= 0.

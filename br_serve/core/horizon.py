@@ -3,8 +3,7 @@
 :class:`HorizonMargins` holds the projected loads ``L_g(h)`` at the projection points
 (every step of the window, or a sparse ladder: :func:`br_serve.core.fscore.horizon_points`)
 and the envelope ``M(h)``; :class:`GrowingScore` scores one replica for ``n`` admitted
-requests counting their own growth; :class:`RefillMargins` is the same over a projection
-with the pool's refills (:mod:`br_serve.core.projection`). Both models implement
+requests counting their own growth. The model implements
 :class:`br_serve.core.tick.MarginModel`.
 """
 
@@ -40,11 +39,10 @@ class GrowingScore:
     __slots__ = ("_args", "_bonus1", "_margins", "_one", "_parts", "peak")
 
     def __init__(self, margins: Vector, h: Vector, d: Vector, alpha: float,
-                 beta: float, uniform: bool, dh: float, fill: float | None = None) -> None:
-        # ``fill`` (with refills): the total fill weight, ``d`` the overflow weights
-        # and ``dh`` the fill weights' ``sum_h u_h h``; see RefillMargins.
+                 beta: float, uniform: bool, dh: float) -> None:
+        # ``dh``: the weights' ``sum_h d_h h``
         self._margins = _as_list(margins)
-        self._args = (_as_list(h), _as_list(d), alpha, beta, uniform, dh, fill)
+        self._args = (_as_list(h), _as_list(d), alpha, beta, uniform, dh)
         self._parts: dict[int, tuple[HorizonScore, float]] = {}
         self._one, self._bonus1 = self._part(1)  # the common case, kept at hand
         self.peak = self._one.peak
@@ -52,9 +50,9 @@ class GrowingScore:
     def _part(self, n: int) -> tuple[HorizonScore, float]:
         part = self._parts.get(n)
         if part is None:
-            h, d, alpha, beta, uniform, dh, fill = self._args
+            h, d, alpha, beta, uniform, dh = self._args
             shifted = [m - n * x for m, x in zip(self._margins, h, strict=True)]
-            part = (HorizonScore(shifted, d, alpha, beta, uniform, fill), alpha * n * dh)
+            part = (HorizonScore(shifted, d, alpha, beta, uniform), alpha * n * dh)
             self._parts[n] = part
         return part
 
@@ -126,55 +124,6 @@ class HorizonMargins:
         # new requests grow like the others
         row = [x + d_tokens + n_requests * t for x, t in zip(self.loads[g], self.h,
                                                                strict=True)]
-        self.loads[g] = row
-        self._raise_top(g, row)
-
-
-class RefillMargins(HorizonMargins):
-    """:class:`HorizonMargins` over a projection with refills (core/projection.py).
-
-    ``target`` are the projected loads with every rollout refill, ``base`` the same with
-    each replica's own refills at ``min_prompt`` (the least a refill can bring). Past a
-    replica's first refill (``f_g``: the index of the first point at or past it) an
-    admission displaces its refill: its load there is ``max(target, base + D + n h)``,
-    so the score of ``g`` weighs the fill
-    ``alpha * d_h`` before ``f_g`` only, and the overflow past the margin ``top - base``
-    by ``beta * d_h`` before ``f_g`` and ``(beta - alpha) * d_h`` after (the displaced
-    refill no longer fills: an overflowing admission adds ``(G - 1)`` times its excess
-    to the imbalance, not ``G``). With no refill on ``g`` it is :class:`GrowingScore`.
-    """
-
-    __slots__ = ("base", "first")
-
-    def __init__(self, target: FloatArray, base: FloatArray, first: list[int],
-                 alive: np.ndarray, d: FloatArray, alpha: float, beta: float,
-                 h: FloatArray) -> None:
-        super().__init__(target, alive, d, alpha, beta, h)
-        self.base: list[list[float]] = base.tolist()
-        self.first = first
-
-    def scorer(self, g: int) -> GrowingScore:
-        sc = self._cache.get(g)
-        if sc is None:
-            f = self.first[g]
-            m = self.margins(g, self.base)
-            d, h = self.d, self.h
-            if f >= len(d):
-                sc = GrowingScore(m, h, d, self.alpha, self.beta, self.uniform, self.dh)
-            else:
-                keep = 1.0 - self.alpha / self.beta
-                w = d[:f] + [x * keep for x in d[f:]]
-                fill = self.alpha * sum(d[:f])
-                dh = sum(map(mul, d[:f], h[:f]))
-                sc = GrowingScore(m, h, w, self.alpha, self.beta, False, dh, fill)
-            self._cache[g] = sc
-        return sc
-
-    def admit(self, g: int, d_tokens: float, n_requests: int) -> None:
-        b = [x + d_tokens + n_requests * t for x, t in zip(self.base[g], self.h,
-                                                             strict=True)]
-        self.base[g] = b
-        row = list(map(max, self.loads[g], b))
         self.loads[g] = row
         self._raise_top(g, row)
 

@@ -62,6 +62,9 @@ class ClusterState:
         self.prefix = np.full(shape, -1, dtype=np.int64)
         #: true total output, -1 when unknown (only the simulator knows it)
         self.target = np.full(shape, -1, dtype=np.int64)
+        #: when each row was bound (a counter): an engine queue admits in this order
+        self.bound_order = np.zeros(shape, dtype=np.int64)
+        self._bound = 0
         self.ids: list[list[str | None]] = [[None] * b for _ in range(replicas)]
         self.hash_ids: dict[str, tuple[int, ...] | None] = {}
         self._where: dict[str, tuple[int, int]] = {}
@@ -79,6 +82,18 @@ class ClusterState:
         out: IntArray = np.where(self.alive, self.slots - self.running_requests(), 0)
         return out
 
+    def fifo_queued(self, engine_slots: int) -> npt.NDArray[np.bool_]:
+        """The ``(G, B)`` mask of rows waiting in their engine's queue when each engine
+        runs ``engine_slots`` requests and admits in binding order (FIFO): on every
+        replica, the rows bound after its first ``engine_slots``."""
+        order = np.where(self.occupied, self.bound_order, np.iinfo(np.int64).max)
+        rank = np.argsort(np.argsort(order, axis=1, kind="stable"), axis=1)
+        out: npt.NDArray[np.bool_] = self.occupied & (rank >= engine_slots)
+        return out
+
+    def bound_order_of(self, request_id: str) -> int:
+        return int(self.bound_order[self._where[request_id]])
+
     def where(self, request_id: str) -> tuple[int, int]:
         return self._where[request_id]
 
@@ -88,11 +103,15 @@ class ClusterState:
     def __len__(self) -> int:
         return len(self._where)
 
-    def snapshot(self, detail: bool = True, oracle: bool = False) -> ClusterSnapshot:
+    def snapshot(self, detail: bool = True, oracle: bool = False,
+                 queued: npt.NDArray[np.bool_] | None = None,
+                 engine_slots: int | None = None) -> ClusterSnapshot:
         """Freeze the current state for a policy.
 
         ``detail`` adds the per-request rows BR-H needs; ``oracle`` also attaches the
-        true remaining steps (only meaningful where ``target`` was given).
+        true remaining steps (only meaningful where ``target`` was given). ``queued``
+        (a ``(G, B)`` mask) marks the rows waiting in an engine queue, which run
+        ``engine_slots`` at once: the snapshot then tells them apart.
         """
         running = None
         if detail:
@@ -109,14 +128,22 @@ class ClusterState:
                 self.prefix[gi, si], request_ids=ids,
                 hash_ids=tuple(self.hash_ids.get(i) for i in ids),
                 true_remaining_steps=rem)
+        qt = qn = None
+        if queued is not None:
+            q = queued & self.occupied
+            qt = ((self.prompt + self.decoded) * q).sum(axis=1)
+            qn = q.sum(axis=1)
         return ClusterSnapshot.build(
             self.load_tokens(), self.running_requests(), self.slots, self.kv_limit,
-            self.alive, self.step_a, self.step_b, running, self.step_c)
+            self.alive, self.step_a, self.step_b, running, self.step_c,
+            queued_tokens=qt, queued_requests=qn, engine_slots=engine_slots)
 
     # -- changes -------------------------------------------------------------------
     def admit(self, assignment: Assignment, request: PoolRequest | None = None,
-              output_tokens: int = -1, decoded_tokens: int = 0) -> None:
-        """Place one assigned request in a free slot of its replica."""
+              output_tokens: int = -1, decoded_tokens: int = 0,
+              bound_order: int | None = None) -> None:
+        """Place one assigned request in a free slot of its replica (bound now, or at
+        ``bound_order``: a row that keeps its place in the engine's queue)."""
         g = assignment.replica
         if not 0 <= g < self.g:
             raise ValueError(f"replica: {g} out of range [0, {self.g})")
@@ -137,6 +164,10 @@ class ClusterState:
         ph = request.prefix_hash if request else None
         self.prefix[g, s] = -1 if ph is None else ph
         self.ids[g][s] = rid
+        if bound_order is None:
+            self._bound += 1
+            bound_order = self._bound
+        self.bound_order[g, s] = bound_order
         self.hash_ids[rid] = request.hash_ids if request else None
         self._where[rid] = (g, s)
 

@@ -51,10 +51,15 @@ class TimeMargins:
 
     __slots__ = ("a", "c", "g", "t", "top")
 
-    def __init__(self, cluster: ClusterSnapshot) -> None:
+    def __init__(self, cluster: ClusterSnapshot, load_tokens: FloatArray | None = None,
+                 running_requests: FloatArray | None = None) -> None:
+        """``load_tokens`` / ``running_requests``: what to price (default: the
+        snapshot's, every bound request; br0's ``queued_load`` gives others)."""
         a = cluster.step_a_s_per_token
         c = cluster.step_c_s_per_request
-        t = (a * cluster.load_tokens + c * cluster.running_requests + cluster.step_b_s)
+        load = cluster.load_tokens if load_tokens is None else load_tokens
+        cnt = cluster.running_requests if running_requests is None else running_requests
+        t = (a * load + c * cnt + cluster.step_b_s)
         self.a: list[float] = a.tolist()
         self.c: list[float] = c.tolist()
         self.t: list[float] = t.tolist()

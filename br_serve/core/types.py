@@ -153,10 +153,54 @@ class ClusterSnapshot:
     step_b_s: FloatArray
     step_c_s_per_request: FloatArray
     running: RunningRequests = field(default_factory=RunningRequests.empty)
+    queued_tokens: IntArray | None = None
+    queued_requests: IntArray | None = None
+    engine_slots: IntArray | None = None
 
     @property
     def num_replicas(self) -> int:
         return int(self.load_tokens.shape[0])
+
+    def running_load_tokens(self) -> IntArray:
+        """``load_tokens`` less the queued requests' tokens: what the barrier computes
+        with now."""
+        if self.queued_tokens is None:
+            return self.load_tokens
+        out: IntArray = self.load_tokens - self.queued_tokens
+        return out
+
+    def entry_load_tokens(self) -> FloatArray:
+        """Each replica's load when a request bound to it now starts to decode.
+
+        Without a queue (``queued_tokens`` None) that is ``load_tokens``. With one, the
+        new request waits behind the ``q`` queued ones and starts when a running one
+        leaves for each of them and for itself (``n + q + 1 - engine_slots`` leave,
+        none while the engine has a free slot); by then the queued ones run. A leaving
+        request is priced at its replica's mean running row (prediction-free):
+        ``running - leave * running / n + queued``. This is what br0 balances with
+        ``queued_load="entry"``.
+        """
+        if self.queued_tokens is None or self.queued_requests is None:
+            return self.load_tokens.astype(np.float64)
+        cap = self.slots if self.engine_slots is None else self.engine_slots
+        run_n = self.running_requests - self.queued_requests
+        run_load = (self.load_tokens - self.queued_tokens).astype(np.float64)
+        leave = np.clip(run_n + self.queued_requests + 1 - cap, 0, run_n)
+        mean_row = run_load / np.maximum(run_n, 1)
+        out: FloatArray = run_load - leave * mean_row + self.queued_tokens
+        return out
+
+    def entry_running_requests(self) -> FloatArray:
+        """Each replica's running requests when a request bound now starts (itself not
+        counted): see :meth:`entry_load_tokens`."""
+        run: FloatArray = self.running_requests.astype(np.float64)
+        if self.queued_tokens is None or self.queued_requests is None:
+            return run
+        cap = self.slots if self.engine_slots is None else self.engine_slots
+        run_n = self.running_requests - self.queued_requests
+        leave = np.clip(run_n + self.queued_requests + 1 - cap, 0, run_n)
+        out: FloatArray = (run_n - leave + self.queued_requests).astype(np.float64)
+        return out
 
     @property
     def free_slots(self) -> IntArray:
@@ -174,8 +218,16 @@ class ClusterSnapshot:
         step_b_s: npt.ArrayLike | float = 0.03,
         running: RunningRequests | None = None,
         step_c_s_per_request: npt.ArrayLike | float = 0.0,
+        queued_tokens: npt.ArrayLike | None = None,
+        queued_requests: npt.ArrayLike | None = None,
+        engine_slots: npt.ArrayLike | int | None = None,
     ) -> ClusterSnapshot:
         """Broadcast scalars to ``(G,)``, validate and freeze.
+
+        ``queued_tokens`` / ``queued_requests``: the part of ``load_tokens`` /
+        ``running_requests`` that is bound to a replica but waits in its engine's queue
+        (dispatched ahead, not yet decoding); ``engine_slots``: how many requests the
+        engine runs at once (``slots`` counts the queue's places too). None: no queue.
 
         Raises:
             ValueError: naming the field that is inconsistent.
@@ -207,6 +259,22 @@ class ClusterSnapshot:
             raise ValueError("running_requests: must lie in [0, slots]")
         if (kv < 1).any():
             raise ValueError("kv_limit_tokens: must be >= 1")
+        qt = qn = es = None
+        if (queued_tokens is None) != (queued_requests is None):
+            raise ValueError("queued_tokens: give it with queued_requests, or neither")
+        if queued_tokens is not None:
+            qt = _frozen(np.broadcast_to(np.asarray(queued_tokens, dtype=np.int64), (g,)),
+                         np.int64)
+            qn = _frozen(np.broadcast_to(np.asarray(queued_requests, dtype=np.int64), (g,)),
+                         np.int64)
+            if (qt < 0).any() or (qt > load).any():
+                raise ValueError("queued_tokens: must lie in [0, load_tokens]")
+            if (qn < 0).any() or (qn > run).any():
+                raise ValueError("queued_requests: must lie in [0, running_requests]")
+        if engine_slots is not None:
+            es = bcast(engine_slots, 0, np.int64)
+            if (es < 1).any() or (es > sl).any():
+                raise ValueError("engine_slots: must lie in [1, slots]")
         return ClusterSnapshot(
             load_tokens=load,
             running_requests=run,
@@ -217,6 +285,9 @@ class ClusterSnapshot:
             step_b_s=b,
             step_c_s_per_request=c,
             running=RunningRequests.empty() if running is None else running,
+            queued_tokens=qt,
+            queued_requests=qn,
+            engine_slots=es,
         )
 
 

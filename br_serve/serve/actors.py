@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +37,14 @@ def actor_names(app_name: str, replicas: int) -> tuple[str, list[str]]:
 
 @dataclass(frozen=True, slots=True)
 class GraphActors:
+    """The handles of one app's actors. ``epoch`` names the :class:`ActorOwner` that
+    created them: a new epoch means every actor is new (the old ones died with their
+    owner)."""
+
     scheduler: Any
     decode: list[Any]
     keeper: Any
+    epoch: str = ""
 
 
 def _decode_options(cfg: GraphConfig, g: int) -> dict[str, Any]:
@@ -167,16 +173,18 @@ class ActorOwner:
             remote = cfg.remote
             await asyncio.to_thread(check_endpoints, remote.decode_urls, "remote.decode_urls",
                                     remote.connect_s * 2, remote.api_key)
-        self.actors = await create_actors(cfg)
+        self.actors = dataclasses.replace(await create_actors(cfg), epoch=uuid.uuid4().hex[:12])
         self._locks = [asyncio.Lock() for _ in range(cfg.replicas)]
 
     async def handles(self) -> GraphActors:
         """The current handles (a replaced decode replica's new one included)."""
         return self.actors
 
-    async def replace(self, g: int, old: Any) -> Any:
+    async def replace(self, g: int, old: Any) -> tuple[Any, str]:
         """A live handle for decode replica ``g``, which the caller lost as ``old``: a new
-        actor if ``old`` is still the current one, else the one that replaced it.
+        actor if ``old`` is still the current one, else the one that replaced it; and
+        this owner's epoch (another than the caller's: ``old`` died with an earlier
+        owner, and every actor is new).
 
         Raises:
             RuntimeError: no new actor came up (see :func:`replace_decode`).
@@ -184,9 +192,9 @@ class ActorOwner:
         async with self._locks[g]:
             cur = self.actors.decode[g]
             if _actor_id(cur) != _actor_id(old):
-                return cur  # another ingress replica's report replaced it already
+                return cur, self.actors.epoch  # replaced already (or a new owner's)
             new = await replace_decode(self.cfg, g, cur)
             decode = list(self.actors.decode)
             decode[g] = new
             self.actors = dataclasses.replace(self.actors, decode=decode)
-            return new
+            return new, self.actors.epoch

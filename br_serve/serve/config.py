@@ -63,11 +63,13 @@ class ServePoolConfig(PoolConfig):
     engine queues them and starts one at its next step boundary when a slot frees,
     instead of the slot idling until the scheduler heard of the finish, ticked and the
     decode call and KV pull went through. The policy sees ``slots + dispatch_ahead``
-    places per rank (a bound request counts in its rank's load from dispatch on), so it
-    still chooses which request and which rank; every other request stays in the pool
-    (late binding). None: 2 with remote engines (``engine.name=vllm|sglang``, which
-    queue per rank), 0 with the graph's own engines, which have no queue (a value > 0
-    is refused there)."""
+    places per rank, and its snapshot tells the requests queued at the engine (bound
+    after the rank's first ``slots``: the engine admits in order) apart from the
+    running ones (br0 balances the load a new request meets when it starts: its option
+    ``queued_load``), so it still chooses which request and which rank; every other
+    request stays in the pool (late binding). None: 2 with remote engines
+    (``engine.name=vllm|sglang``, which queue per rank), 0 with the graph's own engines,
+    which have no queue (a value > 0 is refused there)."""
 
 
 class TransportConfig(Section):

@@ -64,6 +64,14 @@ class DyntraLBEngine:
         if -(-prompt_tokens // self.block_tokens) > self.long_blocks:
             self.long_bound = True
 
+    def waiting_mask(self, st: ClusterState) -> np.ndarray:
+        """The ``(G, B)`` mask of the bound requests waiting (not decoding)."""
+        mask = np.zeros(st.occupied.shape, dtype=bool)
+        for wait in self.waiting:
+            for rid in wait:
+                mask[st.where(rid)] = True
+        return mask
+
     def finish(self, rid: str, rank: int) -> None:
         self.running[rank].remove(rid)
 

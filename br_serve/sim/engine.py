@@ -221,8 +221,12 @@ def simulate(trace: Trace, config: SimConfig, *,
         cnt = st.running_requests()
         while changed and len(pool) and fast.free(cnt) > 0:
             changed = False
-            snap = (st.snapshot(detail=True, oracle=oracle) if detail
-                    else fast.snapshot(st.load_tokens(), cnt))
+            if dl is not None:  # the ranks' queues: the policy tells them apart
+                snap = st.snapshot(detail=detail, oracle=oracle, queued=dl.waiting_mask(st),
+                                   engine_slots=config.slots)
+            else:
+                snap = (st.snapshot(detail=True, oracle=oracle) if detail
+                        else fast.snapshot(st.load_tokens(), cnt))
             if calib is not None:
                 snap = with_coefficients(snap, calib.coefficients())
             t0 = time.perf_counter_ns()

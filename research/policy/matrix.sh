@@ -6,13 +6,8 @@ set -euo pipefail
 out=$1; syn=$2; tr=$3
 py=${PYTHON:-.venv/bin/python}
 mkdir -p "$out"
-declare -A TRACES=(
-  [r1]="--trace $tr/servegen/deepseek_r1_5rps_1h.csv --min-output 1001"
-  [mooncake]="--trace $tr/mooncake/conversation_trace.jsonl"
-  [azure_conv]="--trace $tr/azure2023/AzureLLMInferenceTrace_conv.csv"
-  [chat_rag]="--trace $syn/chat_rag.jsonl --format jsonl"
-  [reasoning]="--trace $syn/reasoning.jsonl --format jsonl"
-)
+# shellcheck source=research/policy/traces.sh
+. "$(dirname "$0")/traces.sh"
 for g in ${GS:-8 16}; do
   for w in ${WORKLOADS:-mooncake azure_conv chat_rag reasoning r1}; do
     d=$out/${w}_g$g

@@ -75,8 +75,10 @@ def test_brh_sees_a_finishing_request() -> None:
     running = RunningRequests.build([0, 1], [1000, 1000], [0, 0],
                                     true_remaining_steps=[2, 10_000])
     cluster = ClusterSnapshot.build([1000, 1000], [1, 1], 2, running=running)
+    # a frozen clock: the predictor's time budget (10 ms) is tested below with a clock
+    # of its own; here a busy host's scheduling delay must not close the gate
     brh = build_policy("brh", {"horizon": 20, "trust_decode_share": None},
-                       PolicyContext(predictor=OracleHook()))
+                       PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     res = brh.schedule(cluster, pool_of([900]), 0.0, 0)
     assert res.assignments[0].replica == 0
     assert res.predictor_ok

@@ -27,8 +27,7 @@ from br_serve.core.predictor import Prediction
 #: reachable (the stage's own switches are read on every tick anyway)
 STAGES: dict[str, dict[str, Any]] = {
     "br0": {"cost": "time", "ttft_budget_s": 5.0, "hold_budget_ms": 50.0},
-    "brh": {"ttft_budget_s": 5.0, "hold_budget_ms": 50.0, "trust_decode_share": 0.0,
-            "refill": "rollout"},
+    "brh": {"ttft_budget_s": 5.0, "hold_budget_ms": 50.0, "trust_decode_share": 0.0},
     "smg_cache_aware": {"balance_abs_threshold": 0},  # in-flight spreads here are small
 }
 

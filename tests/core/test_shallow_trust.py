@@ -94,70 +94,30 @@ def test_hold_never_exceeds_its_budget(st_: tuple[ClusterSnapshot, PromptPool],
     assert res.held <= sum(1 for r in waiting if now < r.enqueued_s + budget)
 
 
-def _deep_cluster() -> tuple[ClusterSnapshot, list[int]]:
-    # Two replicas; replica 0's 6,000-token request ends in 3 steps (oracle).
-    run = RunningRequests.build([0, 1], [5000, 5000], [1000, 1000],
-                                true_remaining_steps=[3, 10_000])
-    return ClusterSnapshot.build([6000, 6000], [1, 1], 3, running=run), [6000, 6000]
-
-
-#: BR-H with the refill-coverage trust rule alone, every step of a 10-step window
-_COVERAGE_RULE = {"horizon": 10, "horizon_step": None, "trust_refill_coverage": 0.5,
-                  "trust_decode_share": None}
-
-
-def test_refill_coverage_by_hand() -> None:
-    cluster, _ = _deep_cluster()
-    pol = build_policy("brh", _COVERAGE_RULE, PolicyContext(predictor=OracleHook()))
-    ends, p, ok = pol._predict(cluster)  # type: ignore[attr-defined]
-    assert ok and ends is not None and ends.tolist() == [3, 11]
-    # one projected drop of 6,000 + 3 = 6,003 tokens; the pool's largest prompt covers
-    # 3,000 of it (0.4998), or all of it (9,000 > 6,003)
-    cov = pol.refill_coverage(cluster, _pool([10, 3000]), ends, p)  # type: ignore[attr-defined]
-    assert abs(cov - 3000 / 6003) < 1e-12
-    assert pol.refill_coverage(cluster, _pool([10, 9000]), ends, p) == 1.0  # type: ignore[attr-defined]
-    assert pol.refill_coverage(cluster, _pool([]), ends, p) == 0.0  # type: ignore[attr-defined]
-
-
-def test_lookahead_is_used_only_where_the_pool_will_not_refill_the_drops() -> None:
-    cluster, _ = _deep_cluster()
-    pol = build_policy("brh", {**_COVERAGE_RULE, "shallow_pool": False},
-                       PolicyContext(predictor=OracleHook()))
-    # Pool of small prompts: the drop is real, the look-ahead is used.
-    small = pol.schedule(cluster, _pool([50, 100, 150, 200]), 0.0, 0)
-    assert small.lookahead
-    # Pool with prompts as large as the drop: BR-0's decision.
-    big = pol.schedule(cluster, _pool([5000, 6000, 7000, 8000]), 0.0, 0)
-    assert not big.lookahead
-    br0 = build_policy("br0", {"shallow_pool": False}).schedule(
-        cluster, _pool([5000, 6000, 7000, 8000]), 0.0, 0)
-    assert big.assignments == br0.assignments
-
-
 @settings(max_examples=150, deadline=None)
 @given(st_=states(max_g=10, kv=True, dead=True), s_greedy=st.integers(0, 12),
        r_max=st.integers(1, 5), shallow=st.booleans(),
        hold=st.sampled_from([0.0, 100.0]), fcfs=st.sampled_from([None, 0.0, 30.0]),
-       soft=st.sampled_from([0.0, 0.25, 1.0]), refill=st.sampled_from(["none", "rollout"]),
-       trust=st.sampled_from([None, 0.0, 0.5]), decode=st.sampled_from([None, 0.0, 0.5]),
+       soft=st.sampled_from([0.0, 0.25, 1.0]), factor=st.sampled_from([1.0, 2.0]),
+       decode=st.sampled_from([None, 0.0, 0.5]),
        step=st.sampled_from([None, 1, 25]))
 def test_brh_h0_equals_br0_with_the_new_options(
         st_: tuple[ClusterSnapshot, PromptPool], s_greedy: int, r_max: int, shallow: bool,
-        hold: float, fcfs: float | None, soft: float, refill: str,
-        trust: float | None, decode: float | None, step: int | None) -> None:
-    """``horizon=0, alpha=1, beta=G`` is BR-0 under every ageing, shallow-pool, hold,
-    refill and trust setting (the options BR-H shares with BR-0 set alike), over a few
-    ticks so the ageing clock matters."""
+        hold: float, fcfs: float | None, soft: float, factor: float,
+        decode: float | None, step: int | None) -> None:
+    """``horizon=0, alpha=1, beta=G`` is BR-0 under every ageing (slack, factor, lead
+    time), shallow-pool, hold and trust setting (the options BR-H shares with BR-0 set
+    alike), over a few ticks so the ageing clock matters."""
     cluster, pool = st_
     g_alive = int(cluster.alive.sum())
     common: dict[str, object] = {
         "s_greedy": s_greedy, "r_max": r_max, "shallow_pool": shallow,
-        "hold_budget_ms": hold, "max_wait_beyond_fcfs_s": fcfs, "ageing_soft_share": soft}
+        "hold_budget_ms": hold, "max_wait_beyond_fcfs_s": fcfs, "ageing_soft_share": soft,
+        "fcfs_wait_factor": factor}
     br0 = build_policy("br0", common)
     brh = build_policy("brh", {"horizon": 0, "alpha": 1.0, "beta": float(g_alive),
-                               "refill": refill, "trust_refill_coverage": trust,
                                "trust_decode_share": decode, "horizon_step": step, **common},
-                       PolicyContext(predictor=OracleHook()))
+                       PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     pa, pb = PromptPool(), PromptPool()
     for rid, size in zip(pool.sorted_ids, pool.sorted_sizes, strict=True):
         pa.add(PoolRequest(rid, size))
@@ -189,11 +149,11 @@ def _decode_cluster(decoded: int) -> ClusterSnapshot:
 
 def test_decode_led_by_hand() -> None:
     pol = build_policy("brh", {"trust_decode_share": 0.5},
-                       PolicyContext(predictor=OracleHook()))
+                       PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     assert pol.decode_led(_decode_cluster(100))  # type: ignore[attr-defined]  # 100 / 200
     assert not pol.decode_led(_decode_cluster(99))  # type: ignore[attr-defined]
     off = build_policy("brh", {"trust_decode_share": None},
-                       PolicyContext(predictor=OracleHook()))
+                       PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     assert off.decode_led(_decode_cluster(0))  # type: ignore[attr-defined]
     empty = ClusterSnapshot.build([0, 0], [0, 0], 3, running=RunningRequests.empty())
     assert not pol.decode_led(empty)  # type: ignore[attr-defined]
@@ -203,7 +163,7 @@ def test_decode_rule_looks_ahead_only_where_decode_makes_the_load() -> None:
     """A deep pool: where prompts make the load the tick is BR-0's, predictor unasked;
     where decode does, it looks ahead (and here sees replica 0's coming drop)."""
     opts = {"horizon": 40, "horizon_step": 5, "shallow_pool": False,
-            "trust_decode_share": 0.5, "trust_refill_coverage": None}
+            "trust_decode_share": 0.5}
     pool_sizes = [400, 900, 1500, 3000]
     asked: list[int] = []
 
@@ -235,7 +195,7 @@ def test_a_tick_not_led_by_decode_is_br0s(
     the coverage rule, is off)."""
     cluster, pool = st_
     opts = {"horizon": h, "horizon_step": step, "trust_decode_share": share}
-    brh = build_policy("brh", opts, PolicyContext(predictor=OracleHook()))
+    brh = build_policy("brh", opts, PolicyContext(predictor=OracleHook(), clock=lambda: 0.0))
     run = cluster.running
     snap = ClusterSnapshot.build(  # the oracle needs true remaining steps
         cluster.load_tokens, cluster.running_requests, cluster.slots,

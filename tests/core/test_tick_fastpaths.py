@@ -7,28 +7,19 @@ predictor when the pool refills any drop the window could project.
 
 from __future__ import annotations
 
-from unittest import mock
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from br_serve.core import (
-    ClusterSnapshot,
-    PolicyContext,
     PoolRequest,
-    Prediction,
     PromptPool,
-    RunningRequests,
-    build_policy,
 )
 from br_serve.core.fscore import discount_weights
 from br_serve.core.horizon import GrowingScore
 from br_serve.core.policies.br0 import ScalarScorer
-from br_serve.core.policies.brh import BRH
 from br_serve.core.tick import PoolCursor, _best_single
 from br_serve.core.timecost import TimeScorer
-from tests.core.strategies import states
 
 
 def _scorer(kind: str, margin: float, g: int, rng: np.random.Generator
@@ -81,64 +72,6 @@ def test_single_slot_choice_equals_max_over_all_candidates(
         # tie: the same score
         assert sc(float(cur.sizes[got])) >= sc(float(cur.sizes[best])) - 1e-9 * max(
             1.0, abs(sc(float(cur.sizes[best]))))
-
-
-class _RandomPredictor:
-    """Any answer the contract allows: p_fin in [0, 1], mu_rem in [0, H]."""
-
-    name = "random"
-
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def predict(self, running: RunningRequests, horizon_steps: int) -> Prediction:
-        n = len(running)
-        p = self.rng.uniform(0, 1, n) * (self.rng.uniform(0, 1, n) < 0.5)
-        return Prediction(p_fin=p, mu_rem=self.rng.uniform(0, horizon_steps, n))
-
-    def observe(self, finished: object) -> None:
-        return None
-
-
-@settings(max_examples=200, deadline=None)
-@given(st_=states(max_g=8), seed=st.integers(0, 2**16), h=st.sampled_from([0, 5, 40]),
-       trust=st.sampled_from([0.0, 0.5, 1.0]))
-def test_skipping_the_predictor_never_changes_the_trust_rule(
-        st_: tuple[ClusterSnapshot, PromptPool], seed: int, h: int, trust: float) -> None:
-    cluster, pool = st_
-    opts = {"horizon": h, "trust_refill_coverage": trust, "trust_decode_share": None}
-    pol = build_policy("brh", opts, PolicyContext(predictor=_RandomPredictor(seed)))
-    assert isinstance(pol, BRH)
-    if pol.pool_refills_any_drop(cluster, pool):
-        ends, p_fin, ok = pol._predict(cluster)
-        assert ok
-        if ends is not None:  # whatever the predictor said, the pool refills it all
-            assert pol.refill_coverage(cluster, pool, ends, p_fin) >= 1.0 - 1e-12
-    # and the tick decides the same with the shortcut as without it
-    fast = build_policy("brh", opts, PolicyContext(predictor=_RandomPredictor(seed))
-                        ).schedule(cluster, pool, 0.0, 0)
-    slow_pol = build_policy("brh", opts, PolicyContext(predictor=_RandomPredictor(seed)))
-    with mock.patch.object(BRH, "pool_refills_any_drop", return_value=False):
-        slow = slow_pol.schedule(cluster, pool, 0.0, 0)
-    assert fast.assignments == slow.assignments
-    assert fast.lookahead == slow.lookahead
-
-
-def test_the_shortcut_fires_on_a_deep_pool_of_large_prompts() -> None:
-    run = RunningRequests.build([0, 1], [5000, 3000], [1000, 200])
-    cluster = ClusterSnapshot.build([6000, 3200], [1, 1], 2, running=run)
-    pool = PromptPool()
-    for i, s in enumerate([100, 3300, 7000]):
-        pool.add(PoolRequest(f"r{i}", s))
-    pol = build_policy("brh", {"horizon": 10, "trust_refill_coverage": 0.5},
-                       PolicyContext(predictor=_RandomPredictor(0)))
-    assert isinstance(pol, BRH)
-    # 7,000 >= 6,000 + 10 and 3,300 >= 3,200 + 10: every drop is refilled
-    assert pol.pool_refills_any_drop(cluster, pool)
-    # a second load of 3,300: its bound 3,310 is above the second prompt, 3,300
-    run2 = RunningRequests.build([0, 1], [5000, 3100], [1000, 200])
-    cluster2 = ClusterSnapshot.build([6000, 3300], [1, 1], 2, running=run2)
-    assert not pol.pool_refills_any_drop(cluster2, pool)
 
 
 def test_flagged_is_replace_of_the_two_flags() -> None:

@@ -156,7 +156,7 @@ def test_streams_arrive_whole_and_in_order_over_the_channel() -> None:
                               40 + 10 * i)
             assert rep._channels.open_count() == 1
             # after the hand-over the poll only shows liveness: far fewer polls than steps
-            assert handle.calls.count("poll") < rep._step / 5
+            assert handle.calls.count("poll") < rep.core.step / 5
             await s.close()
         asyncio.run(go())
     finally:

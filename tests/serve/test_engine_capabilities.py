@@ -101,7 +101,7 @@ def test_the_replica_uses_what_the_engine_declares(
         rep._wake_step.notify_all()
     declared = engine.capabilities
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and rep._step < 5:
+    while time.monotonic() < deadline and rep.core.step < 5:
         time.sleep(0.01)
     with rep._lock:
         outbox = list(rep._outbox["ingress-x"])

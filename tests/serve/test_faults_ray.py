@@ -6,7 +6,8 @@ tokens or with an explicit error event after a correct prefix (or, for the ingre
 replica itself, a closed connection); (2) the app serves again without a redeploy: the
 barrier group has all G members again and new streams are exact; (3) once idle, no
 slot is held: every replica shows 0 running and all slots free, the pool and the
-in-flight set are empty. The ingress kill runs last.
+in-flight set are empty. The Actors replica (owner of every actor) is killed next to
+last, the ingress last.
 
 Before this module's fixes: a burst with disconnects left phantom running requests
 (leaked slots); a scheduler restart after a replica death never became ready and hung
@@ -103,7 +104,9 @@ def _check_ended(results: list[Any], max_tokens: int, broken_ok: bool = False) -
 
 
 def _state(port: int) -> dict[str, Any]:
-    return httpx.get(f"{_url(port)}/v1/br/state", timeout=30).json()  # type: ignore[no-any-return]
+    r = httpx.get(f"{_url(port)}/v1/br/state", timeout=30)
+    r.raise_for_status()  # a 503 while the scheduler is unreachable: an HTTPError
+    return r.json()  # type: ignore[no-any-return]
 
 
 def _wait_for(port: int, pred: Callable[[dict[str, Any]], bool], timeout_s: float = 120
@@ -258,6 +261,56 @@ def test_kv_keeper_killed(port: int) -> None:
     results = asyncio.run(_with_fault(port, 24, 40, fault, lambda st: st["pool_size"] > 0))
     _check_ended(results, 40)
     _serving_again(port)
+
+
+def test_actors_replica_killed(port: int) -> None:
+    """The ``Actors`` replica owns the scheduler, the decode replicas and the KV keeper:
+    they die with it. Before: the ingress kept the dead scheduler's handle, streams
+    re-prefilled into it and waited 60 s for a 503. Now: every stream in flight ends
+    promptly, exact or with an explicit error after a correct prefix; a new request
+    while the actors are gone gets a 503 with an OpenAI-style body naming the cause;
+    once Serve restarted the replica the ingress adopts the new actors and serves."""
+    import ray
+
+    def sched_id() -> Any:
+        return ray.get_actor(f"{APP}:scheduler", namespace=NS)._actor_id
+
+    before = sched_id()
+
+    async def run() -> tuple[list[Any], float, httpx.Response | None, list[int]]:
+        task = asyncio.ensure_future(_streams(port, 12, 60))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                if _busy(await asyncio.to_thread(_state, port)):
+                    break
+        ended: list[float] = []
+        task.add_done_callback(lambda _: ended.append(time.monotonic()))
+        await asyncio.to_thread(ray.kill, _serve_replica("Actors"), no_restart=False)
+        killed = time.monotonic()
+        refused, seen = None, []
+        async with httpx.AsyncClient(base_url=_url(port), timeout=60) as c:
+            while time.monotonic() < killed + 60 and refused is None:
+                r = await c.post("/v1/completions", json=_payload(100, 5))
+                seen.append(r.status_code)
+                if r.status_code == 503 and "actors" in r.json()["error"]["message"]:
+                    refused = r
+                await asyncio.sleep(0.2)
+        results = await asyncio.wait_for(task, 180)  # no stream may hang
+        return results, ended[0] - killed, refused, seen
+
+    results, took_s, refused, seen = asyncio.run(run())
+    print(f"streams ended {took_s:.1f} s after the kill; statuses meanwhile: {seen}")
+    _check_ended(results, 60)
+    assert took_s < 30, took_s  # before: the 60 s scheduler retry, after a re-prefill
+    errors = [r.error for r in results if not isinstance(r, Exception) and r.error]
+    assert any("actors were lost" in e for e in errors), errors
+    assert refused is not None, seen
+    body = refused.json()["error"]
+    assert body["type"] == "service_unavailable" and body["message"]
+    _serving_again(port)
+    assert sched_id() != before  # the new owner's actors serve
 
 
 def test_ingress_replica_killed(port: int) -> None:

@@ -198,6 +198,10 @@ def test_events_and_reports_travel_over_the_channels(port: int) -> None:
     asyncio.run(_many(port, 6, 5))
     stats = _channel_stats("balance_route", 3)
     assert all(s["channels_open"] == 1 and s["reports_open"] == 1 for s in stats), stats
+    # what each report path carried since the scheduler started (printed for docs)
+    paths = httpx.get(f"http://127.0.0.1:{port}/v1/br/state").json()["reports_by_path"]
+    print(f"REPORT-PATHS steady {paths}")
+    assert paths["channel"] > paths["ray"], paths
 
 
 def test_calibration_finds_the_slow_replica(client: httpx.Client) -> None:
@@ -363,6 +367,7 @@ def test_scheduler_restart_loses_no_pool_request(port: int, client: httpx.Client
     after = client.get("/v1/br/state").json()
     assert after["incarnation"] != before
     assert after["pool_size"] == 0
+    print(f"REPORT-PATHS after-scheduler-restart {after['reports_by_path']}")
     # the new scheduler adopted the group and announced its own report channel
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not all(
@@ -413,3 +418,5 @@ def test_killing_a_decode_replica_ends_no_other_stream(port: int, client: httpx.
     # the whole group serves again, the new replica included
     results = asyncio.run(_many(port, 12, 6))
     _check_exact(results, 6)
+    paths = client.get("/v1/br/state").json()["reports_by_path"]
+    print(f"REPORT-PATHS after-replica-replaced {paths}")

@@ -73,7 +73,7 @@ def test_admit_releases_each_handle_exactly_once(
     assert [e.request_id for e in events if isinstance(e, Admitted)] == ["a", "b", "c"]
     errors = [e for e in events if isinstance(e, StreamError)]
     assert [(e.request_id, e.retryable) for e in errors] == [("lost", True)]
-    assert rep.book.taken() == 3  # a failed pull frees its slot at once
+    assert rep.core.book.taken() == 3  # a failed pull frees its slot at once
 
 
 def test_abort_before_install_is_reported_as_dropped(
@@ -87,10 +87,10 @@ def test_abort_before_install_is_reported_as_dropped(
         await rep.abort("a")
 
     asyncio.run(scenario())
-    installs, aborts = rep.book.take_work()
+    installs, aborts = rep.core.book.take_work()
     assert installs == [] and aborts == []
-    assert rep.book.take_report() == ([], ["a"], [])
-    assert rep.book.taken() == 0
+    assert rep.core.book.take_report() == ([], ["a"], [])
+    assert rep.core.book.taken() == 0
 
 
 def test_failed_install_is_reported_as_dropped(
@@ -101,7 +101,7 @@ def test_failed_install_is_reported_as_dropped(
     asyncio.run(rep.admit(bad))
     rep._loop = None  # that loop is closed: no poll wake-ups to deliver
     rep._install()
-    assert rep.book.take_report() == ([], ["bad"], [])
+    assert rep.core.book.take_report() == ([], ["bad"], [])
     errors = [e for e in rep._outbox["ingress-x"] if isinstance(e, StreamError)]
     assert [e.request_id for e in errors] == ["bad"] and "admit failed" in errors[0].message
 

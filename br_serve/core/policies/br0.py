@@ -15,7 +15,7 @@ from br_serve.core.policy import PolicyBase, PolicyContext, PolicyNeeds, registe
 from br_serve.core.pool import PromptPool
 from br_serve.core.tick import MarginModel, run_two_stage
 from br_serve.core.timecost import TimeMargins, homogeneous_tokens, stragglers_to_idle
-from br_serve.core.types import ClusterSnapshot, TickResult
+from br_serve.core.types import ClusterSnapshot, FloatArray, TickResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class TickOptions(Options):
     r_max: int = option(4, ge=1, le=10, doc="Stage 2 candidates per replica (2^r_max - 1 "
                         "subsets are enumerated)")
     max_wait_beyond_fcfs_s: float | None = option(
-        120.0, ge=0, doc="fairness slack: a request's pool wait is kept within "
+        30.0, ge=0, doc="fairness slack: a request's pool wait is kept within "
         "fcfs_wait_factor x its FCFS pool wait + this many seconds (None: no bound)")
     fcfs_wait_factor: float = option(
         2.0, ge=1, doc="fairness factor: the bound's multiple of the request's FCFS pool "
@@ -90,6 +90,12 @@ class BR0Options(TickOptions):
         "holds at least this share of the alive replicas' slots; in a shallower pool a "
         "straggler is idled, which keeps every step short (latency) where the deep "
         "pool's throughput is not at stake")
+    queued_load: Literal["entry", "bound", "running"] = option(
+        "entry", doc="with requests queued at the engines (dispatched ahead): the load "
+        "each replica is balanced on: its load when a request bound now starts to "
+        "decode (entry: the queued ones run by then, one running one per queued one "
+        "and for the new one has left), every bound request's tokens (bound), or the "
+        "running ones' only (running)")
 
 
 class ScalarScorer:
@@ -110,8 +116,8 @@ class ScalarMargins:
 
     __slots__ = ("alive", "g", "loads", "max_load")
 
-    def __init__(self, cluster: ClusterSnapshot) -> None:
-        self.loads: list[float] = cluster.load_tokens.astype(np.float64).tolist()
+    def __init__(self, cluster: ClusterSnapshot, queued_load: str = "bound") -> None:
+        self.loads: list[float] = balanced_loads(cluster, queued_load)[0].tolist()
         self.alive: list[bool] = cluster.alive.tolist()
         self.g = max(1, sum(self.alive))
         self.max_load = max(compress(self.loads, self.alive), default=0.0)
@@ -128,6 +134,19 @@ class ScalarMargins:
             self.max_load = self.loads[g]
 
 
+def balanced_loads(cluster: ClusterSnapshot, queued_load: str) -> tuple[FloatArray,
+                                                                          FloatArray]:
+    """``(load_tokens, running_requests)`` per replica that br0 balances under
+    ``queued_load`` (the same as the snapshot's when no engine queues)."""
+    if queued_load == "entry":
+        return cluster.entry_load_tokens(), cluster.entry_running_requests()
+    if queued_load == "running" and cluster.queued_requests is not None:
+        return (cluster.running_load_tokens().astype(np.float64),
+                (cluster.running_requests - cluster.queued_requests).astype(np.float64))
+    return (cluster.load_tokens.astype(np.float64),
+            cluster.running_requests.astype(np.float64))
+
+
 def calibrates(options: BR0Options) -> bool:
     """Whether ``options`` route on step costs the driver must fit online."""
     return options.cost == "time" and options.step_coefficients == "calibrated"
@@ -136,8 +155,8 @@ def calibrates(options: BR0Options) -> bool:
 def scalar_model(cluster: ClusterSnapshot, options: BR0Options) -> MarginModel:
     """BR-0's margins in tokens, or in seconds with ``cost="time"`` (docs/design.md)."""
     if options.cost == "time" and not homogeneous_tokens(cluster):
-        return TimeMargins(cluster)
-    return ScalarMargins(cluster)
+        return TimeMargins(cluster, *balanced_loads(cluster, options.queued_load))
+    return ScalarMargins(cluster, options.queued_load)
 
 
 @register_policy("br0")

@@ -15,6 +15,9 @@ scheduler watch (a mixin of :class:`br_serve.serve.frontend.streams.Streamer`).
 - The scheduler watch reads the scheduler's summary every ``_WATCH_S``: a changed
   incarnation (a restart) makes the Streamer resubmit its unconfirmed pool entries; the
   counts feed the overload gate.
+- The graph's actors all die with their owner, the ``Actors`` replica: a scheduler or
+  decode replica found dead makes the Streamer ask the owner which actors are current
+  (:class:`~br_serve.serve.frontend.owner.OwnerWatch`, a mixin of this one).
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from br_serve.serve.frontend.gate import AdmissionGate
+from br_serve.serve.frontend.owner import ACTORS_LOST, OwnerWatch, Resolver
 from br_serve.serve.scheduler.io import SchedulerUnavailable
 from br_serve.serve.wire.channel import ACK_S, ChannelServer, ChannelSpec
 from br_serve.serve.wire.messages import Admission, Admitted
-from br_serve.serve.wire.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
+from br_serve.serve.wire.rpc import BUG, GONE, TIMEOUT
+from br_serve.transport.lease import KVLease
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +43,8 @@ _POLL_S = 15.0
 _WATCH_S = 0.5
 _SCHEDULER_RETRY_S = 60.0
 
-#: ``replace(g, old_handle)`` -> a live handle for decode replica ``g``
-Replacer = Callable[[int, Any], Awaitable[Any]]
+#: ``replace(g, old_handle)`` -> ``(a live handle for decode replica g, owner epoch)``
+Replacer = Callable[[int, Any], Awaitable[tuple[Any, str]]]
 
 
 class GenerateError(Exception):
@@ -100,17 +105,20 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class StreamerIO:
+class StreamerIO(OwnerWatch):
     """See the module docstring. Set up by :meth:`_io_init`."""
 
     owner: str
     gate: AdmissionGate
+    lease: KVLease
 
     def _io_init(self, scheduler: Any, decode: list[Any], replace: Replacer | None,
-                 channel_host: str | None = None) -> None:
+                 channel_host: str | None = None, resolve: Resolver | None = None,
+                 epoch: str = "") -> None:
         self._scheduler = scheduler
         self._decode = list(decode)
         self._replace = replace
+        self._owner_init(resolve, epoch)
         self._queues: dict[str, Inbox] = {}
         self._placement: dict[str, int] = {}
         self._pending: dict[str, Admission] = {}
@@ -195,6 +203,8 @@ class StreamerIO:
                         else handle.poll.remote(self.owner, 1.0, spec, k))
                 events = await asyncio.wait_for(call, _POLL_S)
             except (*GONE, *TIMEOUT) as exc:
+                if self._decode[g] is not handle:
+                    continue  # a replica of the actors lost before: its successor is polled
                 log.warning("ingress: lost decode replica %d: %s", g, exc)
                 if not await self._lost(g, handle):
                     return
@@ -225,7 +235,13 @@ class StreamerIO:
 
     async def _lost(self, g: int, handle: Any) -> bool:
         """Replica ``g`` is gone: end its streams' attempts, replace it. False when
-        there is nothing to replace it with (then its poll loop ends)."""
+        there is nothing to replace it with (then its poll loop ends). When all the
+        actors went with it (the owner does not answer, or answers with new ones), wait
+        until new ones are adopted instead."""
+        epoch = self._epoch
+        if await self._actors_lost():  # all of them: the streams ended; no re-prefill
+            await self._actors_up.wait()
+            return True
         self._dead.add(g)
         # nothing more from its channel: a later hello must come from a newer poll
         self._chan_conn.pop(g, None)
@@ -242,11 +258,16 @@ class StreamerIO:
             return False
         while True:
             try:
-                new = await self._replace(g, handle)
+                new, new_epoch = await self._replace(g, handle)
+            except Exception as exc:  # no replacement came up, or the owner died
+                log.error("ingress: replacing decode replica %d: %s; retrying", g, exc)
+                new_epoch = None
+            if new_epoch == epoch:
                 break
-            except RuntimeError as exc:
-                log.error("ingress: %s; retrying", exc)
-                await asyncio.sleep(5.0)
+            if await self._actors_lost() or self._epoch != epoch:
+                await self._actors_up.wait()
+                return True  # the new actors' handles are adopted
+            await asyncio.sleep(5.0)
         self._decode[g] = new
         self._dead.discard(g)
         self._scheduler.replica_replaced.remote(g)
@@ -258,7 +279,10 @@ class StreamerIO:
             await asyncio.sleep(_WATCH_S)
             try:
                 summary = await asyncio.wait_for(self._scheduler.summary.remote(), 5.0)
-            except UNAVAILABLE:
+            except GONE:
+                await self._actors_lost()
+                continue
+            except TIMEOUT:
                 continue
             except BUG:
                 log.exception("ingress: scheduler summary raised")
@@ -287,12 +311,17 @@ class StreamerIO:
         """
         deadline = time.monotonic() + _SCHEDULER_RETRY_S
         while True:
+            if self._actors_down:
+                raise GenerateError(503, ACTORS_LOST, "service_unavailable")
+            epoch = self._epoch
             try:
                 return await getattr(self._scheduler, method).remote(*args)
             except SchedulerUnavailable as exc:  # raised inside it: a RayTaskError too
                 raise GenerateError(503, f"scheduler unavailable: {exc}",
                                     "service_unavailable") from exc
             except GONE as exc:
+                if await self._actors_lost() or self._epoch != epoch:
+                    raise GenerateError(503, ACTORS_LOST, "service_unavailable") from exc
                 if time.monotonic() > deadline:
                     raise GenerateError(503, f"scheduler unavailable: {exc}",
                                         "service_unavailable") from exc

@@ -171,12 +171,16 @@ class Ingress:
         self.api_key = self.cfg.resolved_api_key()
         actors: GraphActors = await owner.handles.remote()
 
-        async def replace(g: int, old: Any) -> Any:
-            return await owner.replace.remote(g, old)
+        async def replace(g: int, old: Any) -> tuple[Any, str]:
+            return await owner.replace.remote(g, old)  # type: ignore[no-any-return]
+
+        async def resolve() -> GraphActors:
+            return await owner.handles.remote()  # type: ignore[no-any-return]
 
         self.streamer = Streamer(self.cfg, prefill, actors.scheduler, actors.decode,
                                  KVLease(None, keeper=actors.keeper), replace,
-                                 channel_host=self.cfg.channel_host())
+                                 channel_host=self.cfg.channel_host(), resolve=resolve,
+                                 epoch=actors.epoch)
         self._metrics: Any = None
         try:
             from br_serve.serve.metrics import IngressMetrics
@@ -315,7 +319,10 @@ class Ingress:
     async def br_state(self, request: Request) -> Any:
         if (denied := self._auth(request)) is not None:
             return denied
-        return await self.state()
+        try:
+            return await self.state()
+        except GenerateError as exc:  # the scheduler is unreachable: 503, not a 500
+            return _generate_error(exc)
 
     @api.post("/v1/completions")
     async def completions(self, request: Request) -> Any:

@@ -40,6 +40,7 @@ from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import GraphConfig
 from br_serve.serve.frontend.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
 from br_serve.serve.frontend.gate import AdmissionGate
+from br_serve.serve.frontend.owner import ACTORS_LOST, Resolver
 from br_serve.serve.wire.messages import Admission, Admitted, PrefillOutput, StreamError
 from br_serve.serve.wire.rpc import GONE
 from br_serve.transport.lease import KVLease
@@ -73,18 +74,22 @@ class Streamer(StreamerIO):
     ``replace(g, old)`` makes a new actor for a dead decode replica (None: dead replicas
     stay dead, as in the Ray-free tests). ``channel_host``: the address this owner's
     event channel listens on (None: the decode replicas are polled only).
+    ``resolve()``: the owner's current actors, whose ``epoch`` changes when all of them
+    were replaced (None: the actors never change); ``epoch``: that of ``scheduler``,
+    ``decode`` and ``lease``'s keeper.
     """
 
     def __init__(self, cfg: GraphConfig, prefill: Any, scheduler: Any, decode: list[Any],
                  lease: KVLease, replace: Replacer | None = None,
-                 channel_host: str | None = None) -> None:
+                 channel_host: str | None = None, resolve: Resolver | None = None,
+                 epoch: str = "") -> None:
         self.cfg = cfg
         self.prefill = prefill
         self.lease = lease
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
         self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool.capacity)
         self._seq = 0
-        self._io_init(scheduler, decode, replace, channel_host)
+        self._io_init(scheduler, decode, replace, channel_host, resolve, epoch)
 
     def new_request_id(self) -> str:
         self._seq += 1
@@ -107,6 +112,8 @@ class Streamer(StreamerIO):
         """:meth:`generate` in batches: the tokens that arrived together (one per step,
         or more when the stream is behind), in order; an error token comes alone."""
         self._ensure_started()
+        if self._actors_down:
+            raise GenerateError(503, ACTORS_LOST, "service_unavailable")
         if len(self._dead) >= len(self._decode):
             raise GenerateError(503, "no decode replica is alive", "service_unavailable")
         retry = self.gate.enter()
@@ -138,6 +145,8 @@ class Streamer(StreamerIO):
             p = dataclasses.replace(params, max_tokens=params.max_tokens - len(produced),
                                     seed=seed)
             try:
+                if self._actors_down:  # a re-prefill after the actors were lost
+                    raise GenerateError(503, ACTORS_LOST, "service_unavailable")
                 out = await self._prefill(rid, cur, p)
                 if attempt == 0:
                     prompt_tokens = out.prompt_tokens

@@ -1,9 +1,14 @@
 """Decode replica actor: owns one replica's engine and load, decodes in lock-step.
 
+A thin shell over :class:`~br_serve.serve.replica.core.ReplicaCore`, which makes every
+decision (admission into slots, aborts, installs, what a step's events and failures
+mean, when and what to report; tested without Ray): this module only does the I/O
+(Ray RPCs, the KV pull, the engine, the barrier, outboxes and channels, the scheduler).
+
 Threads: Ray's event loop serves the RPCs (``admit``, ``poll``, ``join``...); one step
 thread owns the engine and runs ``engine.step()`` followed by the barrier collective.
-They meet only through the lock-guarded :class:`ReplicaBook` (admissions in, finished
-and dropped ids out) and the owners' outboxes (token events out).
+They meet only through the lock-guarded core (admissions in, finished and dropped ids
+out) and the owners' outboxes (token events out).
 
 Contracts:
 - ``admit`` reserves a slot, pulls the KV through the :class:`KVLease` (late binding),
@@ -50,16 +55,9 @@ from typing import TYPE_CHECKING, Any
 
 from br_serve.engine.base import DecodeEngine
 from br_serve.serve.replica.barrier import Barrier, BarrierError, open_store
-from br_serve.serve.replica.book import ReplicaBook, ReportClock, as_delta, build_report
+from br_serve.serve.replica.core import Outgoing, ReplicaCore
 from br_serve.serve.wire.channel import ChannelSpec, OwnerChannels, ReportPusher, encode_report
-from br_serve.serve.wire.messages import (
-    Admission,
-    AdmitReply,
-    Admitted,
-    ReplicaReport,
-    StreamError,
-    WireEvent,
-)
+from br_serve.serve.wire.messages import Admission, AdmitReply, ReplicaReport, WireEvent
 from br_serve.transport.base import TransportError
 from br_serve.transport.lease import KVLease
 
@@ -95,23 +93,19 @@ class DecodeReplica:
         #: what the engine declares beyond the base contract (a remote rank: both)
         self._caps = self.engine.capabilities
         self.backend = collective_backend_for(cfg.engine.device)
-        #: whether rank 0's reports carry every member's step compute time (only the
-        #: scheduler's online calibration reads it)
-        self._report_compute = cfg.policy.needs().calibrated_step_costs
         self._lock = threading.Lock()
         self._wake_step = threading.Condition(self._lock)
-        self.book = ReplicaBook(self.cfg.places_per_replica())
-        self._clock = ReportClock(index)
+        #: the decisions (under ``_lock``); rank 0's reports carry every member's step
+        #: compute time only when the scheduler calibrates step costs online
+        self.core = ReplicaCore(index, self.incarnation, cfg.places_per_replica(),
+                                with_compute=cfg.policy.needs().calibrated_step_costs)
         self._outbox: dict[str, list[WireEvent]] = collections.defaultdict(list)
         self._barrier: Barrier | None = None
         self._pending_join: tuple[int, int, tuple[int, ...], int, asyncio.Future[bool]
                                   ] | None = None
         self._store: Any = None
         self._store_gen = -1
-        self._generation = 0
-        self._step = 0
         self._stop = False
-        self._last: ReplicaReport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set by the first RPC
         self._poll_wake: dict[str, asyncio.Event] = {}
         self._channels = OwnerChannels(self._take_events)
@@ -128,7 +122,7 @@ class DecodeReplica:
         """``(index, generation, incarnation)``: alive, in which barrier generation,
         and which actor instance (a replacement has a new one)."""
         self._loop = asyncio.get_running_loop()
-        return self.index, self._generation, self.incarnation
+        return self.index, self.core.generation, self.incarnation
 
     async def open_store(self, generation: int) -> int:
         """Host the store of ``generation`` (called on the group's rank 0); returns its port."""
@@ -148,8 +142,9 @@ class DecodeReplica:
         self._loop = loop
         done: asyncio.Future[bool] = loop.create_future()
         with self._lock:
-            if generation <= self._generation and self._barrier is not None:
-                return generation == self._generation
+            answer = self.core.join_answer(generation, self._barrier is not None)
+            if answer is not None:
+                return answer
             if self._pending_join is not None:  # superseded before it was taken
                 self._pending_join[4].get_loop().call_soon_threadsafe(
                     _resolve, self._pending_join[4], False)
@@ -160,33 +155,28 @@ class DecodeReplica:
     async def admit(self, item: Admission) -> AdmitReply:
         """Take ``item``: reserve a slot, pull its KV, queue it (see the module docstring)."""
         self._loop = asyncio.get_running_loop()
-        rid = item.request_id
         with self._lock:
-            status = self.book.accept(rid, item.owner)
-            step = self._step
-        if status != "queued":
-            return AdmitReply(status, step, self.incarnation)
+            refused = self.core.accept(item)
+        if refused is not None:
+            return refused
         try:
             kv = await self.lease.pull(item.kv)
         except TransportError as exc:  # KV lost: the request cannot run here
             with self._lock:
-                owner = self.book.pull_failed(rid)
-                step = self._step
-            self._emit(owner or item.owner, [StreamError(rid, f"kv pull failed: {exc}",
-                                                         retryable=True)])
+                out, reply = self.core.pull_failed(item, str(exc))
+            self._emit_all(out)
             self.lease.release(item.kv)  # nobody pulls this key again (re-prefill: new id)
-            return AdmitReply("failed", step, self.incarnation)
+            return reply
         # Admitted goes out before the step thread can produce this request's tokens.
-        self._emit(item.owner, [Admitted(rid, self.index)])
+        self._emit_all(self.core.admitted(item))
         with self._lock:
-            taken = self.book.pulled(item, kv)  # False: aborted meanwhile (dropped)
-            step = self._step
+            taken, reply = self.core.pulled(item, kv)  # not taken: aborted meanwhile
             self._wake_step.notify_all()
         if self._caps.wakes_on_admit:  # a remote rank's step may be waiting for tokens
             self.engine.nudge()
         # taken: the engine frees a remote source itself once it pulled it
         self.lease.release(item.kv, consumed=taken)
-        return AdmitReply("queued", step, self.incarnation)
+        return reply
 
     async def report_to(self, spec: ChannelSpec) -> None:
         """Send reports over the scheduler's report channel ``spec`` from now on (a
@@ -203,7 +193,7 @@ class DecodeReplica:
     async def abort(self, request_id: str) -> None:
         """The owner gave ``request_id`` up: free its slot (no-op if not held here)."""
         with self._lock:
-            self.book.abort(request_id)
+            self.core.abort(request_id)
             self._wake_step.notify_all()
 
     async def poll(self, owner: str, timeout_s: float = 1.0,
@@ -235,13 +225,13 @@ class DecodeReplica:
         """This process's CPU seconds, the steps run so far, the owners whose events go
         over an open event channel and whether reports do (for benchmarks and tests)."""
         rc = self._reports
-        return {"cpu_s": time.process_time(), "steps": float(self._step),
+        return {"cpu_s": time.process_time(), "steps": float(self.core.step),
                 "channels_open": float(self._channels.open_count()),
                 "reports_open": float(rc is not None and rc.state == "open")}
 
     async def report(self) -> ReplicaReport | None:
         """The latest full state (used to rebuild a restarted scheduler's mirror)."""
-        return self._last
+        return self.core.last
 
     async def shutdown(self) -> None:
         with self._lock:
@@ -249,6 +239,10 @@ class DecodeReplica:
             self._wake_step.notify_all()
 
     # -- internals -------------------------------------------------------------------
+    def _emit_all(self, out: Outgoing) -> None:
+        for owner, events in out.items():
+            self._emit(owner, events)
+
     def _emit(self, owner: str, events: list[WireEvent]) -> None:
         if self._channels.broken(owner):
             return  # that owner treats this replica as lost (or is gone itself)
@@ -308,7 +302,8 @@ class DecodeReplica:
             barrier = Barrier(self.backend, "127.0.0.1", port, rank, members, gen,
                               self.cfg.serve.barrier_timeout_s, store=store)
             with self._lock:
-                self._barrier, self._generation = barrier, gen
+                self._barrier = barrier
+                self.core.joined(gen)
         except BarrierError as exc:
             log.warning("replica %d: %s", self.index, exc)
             ok = False
@@ -329,7 +324,7 @@ class DecodeReplica:
                     self._wake_step.wait(0.5)
                 if self._stop:
                     return
-                if idle and self._pending_join is None and not self.book.has_work():
+                if idle and self._pending_join is None and not self.core.has_work():
                     # nothing to run anywhere: wait for an admission (or a peer, which
                     # then waits at most this long at the barrier) instead of spinning
                     self._wake_step.wait(_IDLE_WAIT_S)
@@ -354,54 +349,38 @@ class DecodeReplica:
         events = self.engine.step()
         t1 = time.perf_counter()
         failures = self.engine.take_failures() if self._caps.fails_streams else []
-        with self._lock:
-            by_owner = self.book.route(events)
-            for rid, message, retryable in failures:  # a remote stream that broke
-                owner = self.book.install_failed(rid)
-                if owner is not None:
-                    by_owner.setdefault(owner, []).append(
-                        StreamError(rid, message, retryable))
-            finished, dropped, started = self.book.take_report()
         rc = self._reports
-        if rc is not None and rc is not self._reports_used and rc.state == "open":
+        fresh = rc is not None and rc is not self._reports_used and rc.state == "open"
+        if fresh:
             self._reports_used = rc  # a new channel starts with a full report
-            self._clock.sent(False, t1)
-        flag, full = self._clock.decide(news=bool(finished or dropped or started),
-                                        barrier_step=barrier.steps + 1, now_s=t1)
+        with self._lock:
+            news = self.core.after_step(events, failures, barrier_step=barrier.steps + 1,
+                                        now_s=t1, fresh_channel=fresh)
         try:
-            rows = barrier.exchange(step_load, step_running, int(flag), t1 - t0)
+            rows = barrier.exchange(step_load, step_running, int(news.report), t1 - t0)
         except BarrierError as exc:
             log.warning("replica %d: %s", self.index, exc)
             rows = None
         t2 = time.perf_counter()
-        for owner, evs in by_owner.items():
-            self._emit(owner, evs)
+        self._emit_all(news.events)
         with self._lock:
-            self._step += 1
+            self.core.count_step()
             if rows is None:
                 self._barrier = None
         if rows is None:
             barrier.close()
             self._tell_scheduler("barrier_failed", self.index, barrier.generation)
-        group_rows = rows if rows is not None and barrier.rank == 0 else None
-        rep = build_report(self.index, self.incarnation, self.engine, self._step, barrier,
-                           group_rows, finished, dropped, started,
-                           full=True, compute_s=t1 - t0, barrier_s=t2 - t1,
-                           with_compute=self._report_compute)
-        self._last = rep
-        if flag or (group_rows is not None and bool(group_rows[:, 1].any())):
-            if not full:
-                rep = as_delta(rep, started)
+        rep = self.core.after_exchange(news, self.engine, barrier, rows,
+                                       compute_s=t1 - t0, barrier_s=t2 - t1)
+        if rep is not None:
             ok = self._tell_scheduler("report", rep)
-            self._clock.sent(ok, t2)
-            if not ok:
-                with self._lock:
-                    self.book.put_back(finished, dropped)
+            with self._lock:
+                self.core.report_sent(news, ok, t2)
         return rows
 
     def _install(self) -> None:
         with self._lock:
-            installs, aborts = self.book.take_work()
+            installs, aborts = self.core.take_work()
         for rid in aborts:
             self.engine.abort(rid)
         for a, kv in installs:
@@ -410,9 +389,8 @@ class DecodeReplica:
                                   a.params)
             except ValueError as exc:  # the engine cannot take this request
                 with self._lock:
-                    owner = self.book.install_failed(a.request_id)
-                self._emit(owner or a.owner, [StreamError(a.request_id,
-                                                          f"admit failed: {exc}")])
+                    out = self.core.install_failed(a, str(exc))
+                self._emit_all(out)
 
 
 def _exit_process() -> None:

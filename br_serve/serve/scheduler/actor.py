@@ -67,7 +67,8 @@ class Scheduler(SchedulerIO):
         core = SchedulerCore(cfg.replicas, cfg.places_per_replica(), cfg.pool.capacity,
                              model, policy, detail, predictor, calibrator=calib,
                              price_model=cfg.emulated_step_model(scaled=True),
-                             kv_limit_tokens=cfg.kv_limit_tokens)
+                             kv_limit_tokens=cfg.kv_limit_tokens,
+                             engine_slots=cfg.slots if cfg.dispatch_ahead() else None)
         self._io_init(cfg, decode_names, core)
         self._coef_exported = -float("inf")
 
@@ -96,6 +97,7 @@ class Scheduler(SchedulerIO):
         """A replica's report through Ray (before its report channel is open, or when
         that channel failed)."""
         self._start()
+        self.reports_by_path["ray"] += 1
         self._on_report(rep)
 
     def _on_report(self, rep: ReplicaReport) -> None:
@@ -170,7 +172,8 @@ class Scheduler(SchedulerIO):
         """Per-replica load/running/free slots, pool size, recent imbalance, policy."""
         await self._ensure_ready()
         return {"policy": self.cfg.policy.name, "predictor": self.cfg.predictor.name,
-                "incarnation": self.incarnation, **self.core.state()}
+                "incarnation": self.incarnation, "reports_by_path": dict(self.reports_by_path),
+                **self.core.state()}
 
     async def stats(self) -> dict[str, Any]:
         """Counters since the last :meth:`reset_stats` (see :class:`StepStats`)."""

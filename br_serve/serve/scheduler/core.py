@@ -74,7 +74,8 @@ class SchedulerCore:
     :class:`StepCalibrator` whose prior is ``step_model``).
     ``price_model``: what the step counters price measured steps with, when the engines
     run another model than the configured one (emulated heterogeneity); default
-    ``step_model``."""
+    ``step_model``. ``engine_slots``: requests each engine runs at once when ``slots``
+    also counts the places of its queue (``pool.dispatch_ahead``); see :class:`Mirror`."""
 
     def __init__(self, replicas: int, slots: int, pool_capacity: int,
                  step_model: StepModel, policy: PolicyBase[Any], detail: bool,
@@ -82,11 +83,12 @@ class SchedulerCore:
                  clock: Callable[[], float] = time.perf_counter,
                  calibrator: StepCalibrator | None = None,
                  price_model: StepModel | None = None,
-                 kv_limit_tokens: int | None = None) -> None:
+                 kv_limit_tokens: int | None = None,
+                 engine_slots: int | None = None) -> None:
         self.g = replicas
         self.pool = PromptPool(pool_capacity)
         self.admissions: dict[str, Admission] = {}
-        self.mirror = Mirror(replicas, slots, step_model, kv_limit_tokens)
+        self.mirror = Mirror(replicas, slots, step_model, kv_limit_tokens, engine_slots)
         for g in range(replicas):  # alive once a ping says so
             self.mirror.state.set_alive(g, False)
         self.members = Membership(replicas)

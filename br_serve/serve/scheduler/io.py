@@ -73,6 +73,9 @@ class SchedulerIO:
         self._metrics: Any = None
         self._report_server: ChannelServer | None = None
         self._report_spec: ChannelSpec | None = None
+        #: reports received by path: the report channel, a Ray ``report`` call, and the
+        #: pulls of ``DecodeReplica.report`` when (re)starting (``/v1/br/state``)
+        self.reports_by_path = {"channel": 0, "ray": 0, "pull": 0}
 
     def _on_report(self, rep: ReplicaReport) -> None:
         raise NotImplementedError  # the Scheduler's
@@ -89,6 +92,7 @@ class SchedulerIO:
         def reports(g: int, _conn: object, reps: list[ReplicaReport]) -> None:
             for rep in reps:
                 if rep.replica == g:  # a replica reports only for itself
+                    self.reports_by_path["channel"] += 1
                     self._on_report(rep)
 
         server = ChannelServer(host, ready, reports, lambda g, conn: None,
@@ -211,6 +215,7 @@ class SchedulerIO:
         try:
             rep: ReplicaReport | None = await asyncio.wait_for(
                 self.decode[g].report.remote(), PING_S)
+            self.reports_by_path["pull"] += rep is not None
             return rep
         except UNAVAILABLE as exc:
             log.warning("scheduler: no report from replica %d: %s", g, exc)

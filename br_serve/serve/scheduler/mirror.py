@@ -60,11 +60,22 @@ class FinishedRow:
 
 class Mirror:
     """``replicas`` replicas of ``slots`` slots and ``kv_limit_tokens`` KV tokens (None:
-    unbounded), stepping as ``step_model``."""
+    unbounded), stepping as ``step_model``.
+
+    ``engine_slots`` (None: ``slots``): how many requests each engine runs at once when
+    ``slots`` also counts places in the engine's own queue (``pool.dispatch_ahead``).
+    The engine admits its queue in binding order, so on each replica the rows bound
+    after its first ``engine_slots`` are *queued*: they do not decode (the mirror does
+    not advance them) and the snapshot shows them apart from the running ones.
+    """
 
     def __init__(self, replicas: int, slots: int, step_model: StepModel,
-                 kv_limit_tokens: int | None = None) -> None:
+                 kv_limit_tokens: int | None = None,
+                 engine_slots: int | None = None) -> None:
+        if engine_slots is not None and not 1 <= engine_slots <= slots:
+            raise ValueError(f"engine_slots: {engine_slots} not in [1, {slots}]")
         self.g = replicas
+        self.engine_slots = None if engine_slots == slots else engine_slots
         self.state = ClusterState(replicas, slots, kv_limit_tokens, step_model)
         self.inflight: list[dict[str, InFlight]] = [{} for _ in range(replicas)]
         self.incarnation: list[str] = [""] * replicas
@@ -81,7 +92,24 @@ class Mirror:
 
     # -- queries --------------------------------------------------------------------
     def snapshot(self, detail: bool) -> ClusterSnapshot:
-        return self.state.snapshot(detail=detail)
+        if self.engine_slots is None:
+            return self.state.snapshot(detail=detail)
+        return self.state.snapshot(detail=detail, queued=self.queued(),
+                                   engine_slots=self.engine_slots)
+
+    def queued(self) -> np.ndarray:
+        """The ``(G, B)`` mask of rows waiting in their engine's queue (none without
+        ``engine_slots``)."""
+        if self.engine_slots is None:
+            return np.zeros(self.state.occupied.shape, dtype=bool)
+        return self.state.fifo_queued(self.engine_slots)
+
+    def _decoding(self) -> np.ndarray:
+        """Rows a step advances: reported ones, less those queued at the engine."""
+        if self.engine_slots is None:
+            return self._live
+        out: np.ndarray = self._live & ~self.queued()
+        return out
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self.state or any(request_id in f for f in self.inflight)
@@ -152,7 +180,7 @@ class Mirror:
                 inc[g] = step - at
                 self._adv[g] = (generation, step)
         if inc.any():
-            self.state.advance(inc, self._live)
+            self.state.advance(inc, self._decoding())
 
     def _advance_to(self, g: int, generation: int, step: int) -> int:
         """Bring ``g``'s reported rows to ``step``; returns how many steps they are now
@@ -163,7 +191,7 @@ class Mirror:
             return 0
         if step > at:
             where = np.zeros_like(self._live)
-            where[g] = self._live[g]
+            where[g] = self._decoding()[g]
             self.state.advance(step - at, where)
             self._adv[g] = (generation, step)
             return 0
@@ -202,8 +230,9 @@ class Mirror:
         return finished
 
     def _admit_row(self, g: int, rid: str, prompt: int, decoded: int, live: bool,
-                   request: PoolRequest | None) -> None:
-        self.state.admit(Assignment(rid, g, prompt), request, decoded_tokens=decoded)
+                   request: PoolRequest | None, bound_order: int | None = None) -> None:
+        self.state.admit(Assignment(rid, g, prompt), request, decoded_tokens=decoded,
+                         bound_order=bound_order)
         self._live[self.state.where(rid)] = live
 
     def _apply_delta(self, g: int, started: list[tuple[str, int, int]],
@@ -217,24 +246,28 @@ class Mirror:
         if not st.alive[g]:
             return
         for rid, p, d in started:
+            order = None
             if rid in st:
                 if st.where(rid)[0] != g:
                     continue  # reported by two replicas across a migration; keep the first
+                order = st.bound_order_of(rid)  # its place in the engine's queue
                 st.finish(rid)  # its in-flight row becomes a measured one
             if st.free_slots()[g] > 0:
-                self._admit_row(g, rid, p, d, True, self._requests.get(rid))
+                self._admit_row(g, rid, p, d, True, self._requests.get(rid), order)
         self._add_inflight_rows(g)
 
     def _rebuild(self, g: int, rows: Iterable[tuple[str, int, int]]) -> None:
         st = self.state
         old = [i for i in st.ids[g] if i is not None]
+        orders = {rid: st.bound_order_of(rid) for rid in old}
         for rid in old:
             st.finish(rid)
         if st.alive[g]:
             for rid, p, d in rows:
                 if rid in st:
                     continue  # reported by two replicas across a migration; keep the first
-                self._admit_row(g, rid, p, d, True, self._requests.get(rid))
+                self._admit_row(g, rid, p, d, True, self._requests.get(rid),
+                                orders.get(rid))
             self._add_inflight_rows(g)
         for rid in old:
             if rid not in self:

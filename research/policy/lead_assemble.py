@@ -1,0 +1,97 @@
+"""Assemble research/policy/lead_matrix.sh cells into one results file and a table.
+
+Per cell (workload x G) and per br0 variant: whole-run gain over ``jsq`` (generated
+tokens / makespan, paired per window, mean and 95% t-interval), its ratio to the gain
+with ageing off (``off``), TTFT P95 relative to jsq's (paired, mean and interval), and
+the fairness realised against jsq's replay of the same window (jsq serves the pool in
+FCFS order): ``TTFT - 2 x TTFT_fcfs`` per request, its P99 per window (mean, interval,
+worst window) and its max over all windows. The rule "TTFT <= 2 x FCFS TTFT + slack"
+holds at P99 where the P99 excess is <= the slack.
+
+    python research/policy/lead_assemble.py OUT_JSON MATRIX_DIR [MATRIX_DIR ...]
+    (a cell's runs from several MATRIX_DIRs are merged, the first one's kept per label)
+        [--labels a,b,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from br_serve.sim.stats import paired
+
+
+def _by(runs: list[dict[str, Any]], label: str) -> dict[int, dict[str, Any]]:
+    return {r["replay"]: r for r in runs if r["label"] == label}
+
+
+def _stat(xs: list[float]) -> dict[str, Any]:
+    p = paired(xs)
+    return {"mean": p.mean, "se": p.se, "ci95": None if p.ci95 is None else list(p.ci95),
+            "k": len(xs)}
+
+
+def cell(doc: dict[str, Any]) -> dict[str, Any]:
+    runs = doc["runs"]
+    base = _by(runs, "jsq")
+    labels = sorted({r["label"] for r in runs} - {"jsq"})
+    out: dict[str, Any] = {}
+    for lab in labels:
+        mine = _by(runs, lab)
+        keys = sorted(set(mine) & set(base))
+        gains = [mine[k]["whole_run_throughput_tok_s"] / base[k]["whole_run_throughput_tok_s"]
+                 - 1 for k in keys]
+        ttft = [mine[k]["ttft_p95_ms"] / base[k]["ttft_p95_ms"] - 1 for k in keys]
+        p99 = [mine[k]["fcfs_rule_excess_s_p99"] for k in keys]
+        out[lab] = {
+            "policy_options": mine[keys[0]]["policy_options"],
+            "whole_run_gain": _stat(gains), "ttft_p95_vs_jsq": _stat(ttft),
+            "fcfs_rule_excess_s_p99": {**_stat(p99), "worst_window": max(p99)},
+            "fcfs_rule_excess_s_max": max(mine[k]["fcfs_rule_excess_s_max"] for k in keys),
+            "fcfs_replay_delay_s_p99": sum(mine[k]["fcfs_replay_delay_s_p99"]
+                                           for k in keys) / len(keys)}
+    off = out.get("off", {}).get("whole_run_gain", {}).get("mean")
+    for row in out.values():
+        row["ratio_to_off"] = row["whole_run_gain"]["mean"] / off if off else None
+    return out
+
+
+def _ci(s: dict[str, Any], scale: float = 100.0, fmt: str = "+.1f") -> str:
+    lo, hi = s["ci95"] or (float("nan"), float("nan"))
+    return f"{scale * s['mean']:{fmt}} [{scale * lo:{fmt}}, {scale * hi:{fmt}}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--labels", default=None)
+    a = ap.parse_args()
+    want = None if a.labels is None else a.labels.split(",")
+    runs: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
+    for d in a.dirs:  # cells of several runs merge (the same windows: jsq is identical)
+        for f in sorted(Path(d).glob("*/summary.json")):
+            into = runs.setdefault(f.parent.name, {})
+            for r in json.loads(f.read_text())["runs"]:
+                if want is None or r["label"] in want or r["label"] == "jsq":
+                    into.setdefault((r["label"], r["replay"]), r)
+    cells = {name: cell({"runs": list(rs.values())}) for name, rs in sorted(runs.items())}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"cells": cells}, indent=2))
+    print("| cell | variant | whole-run gain vs jsq % | ratio to off | TTFT P95 vs jsq % | "
+          "TTFT - 2xFCFS P99 s (worst window) | max s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, c in cells.items():
+        for lab, r in c.items():
+            ratio = r["ratio_to_off"]
+            x = r["fcfs_rule_excess_s_p99"]
+            print(f"| {name} | {lab} | {_ci(r['whole_run_gain'])} | "
+                  f"{'-' if ratio is None else f'{100 * ratio:.0f}%'} | "
+                  f"{_ci(r['ttft_p95_vs_jsq'])} | {_ci(x, 1.0, '.0f')} "
+                  f"({x['worst_window']:.0f}) | {r['fcfs_rule_excess_s_max']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
