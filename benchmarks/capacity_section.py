@@ -25,6 +25,7 @@ YARDSTICK = "brh+oracle"
 # the default-change candidates of benchmarks/capacity_table.sh, against br0 in the same cell
 CANDIDATES = {"br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
               "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks",
+              "br0-dyntralb-bound": "+ DyntraLB, queued_load=bound",
               "br0-ttft5-hold5": "ttft_budget_s=5 + hold_budget_ms=5000"}
 # cells measured under an earlier br0 fairness default (the current one is pool wait <= 2 x
 # the FCFS wait + 30 s), by file name prefix: results/capacity/earlier-2x120-* under 2 x the
