@@ -26,7 +26,10 @@ YARDSTICK = "brh+oracle"
 CANDIDATES = {"br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
               "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks",
               "br0-dyntralb-bound": "+ DyntraLB, queued_load=bound",
-              "br0-ttft5-hold5": "ttft_budget_s=5 + hold_budget_ms=5000"}
+              "br0-ttft5-hold5": "ttft_budget_s=5 + hold_budget_ms=5000",
+              "br0-s10": "max_wait_beyond_fcfs_s=10 (2 x FCFS + 10 s)",
+              "br0-s5": "max_wait_beyond_fcfs_s=5 (2 x FCFS + 5 s)",
+              "br0-f3s5": "fcfs_wait_factor=3, max_wait_beyond_fcfs_s=5"}
 # cells measured under an earlier br0 fairness default (the current one is pool wait <= 2 x
 # the FCFS wait + 30 s), by file name prefix: results/capacity/earlier-2x120-* under 2 x the
 # FCFS wait + 120 s; results/capacity/earlier-*, the results page's and the field's first
@@ -250,18 +253,19 @@ def _cand(r: dict[str, Any] | None, d: dict[str, Any] | None, tol: float) -> str
 
 def _candidates(cells: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
     """Per cell that ran them: each default-change candidate's capacity against br0 in the
-    same windows, with its TTFT P95 and barrier idle share at that capacity."""
-    head = ["| cell | br0 (default) | " + " | ".join(f"br0 {v}" for v in CANDIDATES.values())
-            + " |", "|---|---|" + "---|" * len(CANDIDATES)]
+    same windows, with its TTFT P95 and barrier idle share at that capacity (one row per
+    cell and candidate)."""
+    head = ["| cell | br0 (default) | candidate | capacity req/s (vs br0); TTFT P95; idle |",
+            "|---|---|---|---|"]
     rows = []
     for name, _src, doc in cells:
         runs = {r["label"]: r for r in doc["runs"]}
         d = runs.get(DEFAULT)
-        if d is None or not any(k in runs for k in CANDIDATES):
+        if d is None:
             continue
         tol = float(doc["bracket"]["rel_tol"])
-        rows.append(f"| {name} | {_cand(d, None, tol)} | "
-                    + " | ".join(_cand(runs.get(k), d, tol) for k in CANDIDATES) + " |")
+        rows += [f"| {name} | {_cand(d, None, tol)} | br0 {v} | {_cand(runs[k], d, tol)} |"
+                 for k, v in CANDIDATES.items() if k in runs]
     return [*head, *rows, ""] if rows else []
 
 
