@@ -173,73 +173,8 @@ at twice the resolution), TTFT P95 and barrier idle share at that capacity.
 """
 
 
-MEANING = """\
-### What it means (K, window and resolution per cell in the tables)
-
-Cells without a mark were measured with br0's current default (fairness: pool wait <= 2 x
-the FCFS wait + 120 s); cells marked "earlier default" with the 30 s-beyond-FCFS rule it
-replaced, kept until they are rerun. The cells of this default are small (CPU time):
-the field rows are the two best
-router rules of the field's first look (sglang_total_tokens, min_max; vllm_dp, smg's two
-rules, vllm-router's power_of_two and jsq were all below them there, on R1 and Mooncake,
-K = 8 x 1000, 3%, and a field rule does not depend on br0's default) and, on Mooncake,
-DyntraLB behind sglang_total_tokens; the table script's default set runs the whole field.
-
-- **+10% over the best field rule: missed in every cell measured.** Mechanisms below.
-- **Mooncake conversation (G = 8, K = 4 x 1000, 5%): br0 is +8.9% over the best router
-  rule, and a bounded hold matches the engine-side rule.** sglang_total_tokens = min_max
-  carry 2.014 req/s (TPOT P95 146 ms, barrier idle 30%); br0 2.193 (+8.9%: within twice
-  the resolution, a tie, not a claim; TTFT P95 2.6 s, idle 29%). The best field rule is
-  DyntraLB behind sglang_total_tokens, 2.388 (TTFT P95 7.9 s, idle 19%): br0 is 8.2%
-  below it (a tie at this resolution, but more than the issue's 1 point). br0 with
-  `hold_budget_ms=5000` and br0 + DyntraLB on the ranks both carry 2.388, the same as
-  DyntraLB behind sglang_total_tokens (+0.0%: +10% over the field's best is missed) and
-  +18.6% over the best router-only rule, the hold at TTFT P95 5.2 s. Mechanism: on
-  12k-token prompts the TPOT bar binds first; holding a request that would overflow every
-  open replica (or pausing admission on the ranks above the mean, DyntraLB) keeps the
-  steps near the mean load (idle 0.29 -> 0.23 / 0.17) and spends TTFT slack. br0 with
-  `ttft_budget_s=5` and with `cost=time` carry br0's 2.193.
-- **ServeGen R1 (outputs > 1000, G = 8, K = 4 x 1000, 5%): a tie, with ~44% of the
-  barrier idle at every policy's capacity.** sglang_total_tokens = min_max 0.567 req/s,
-  br0 0.592 (+4.4%, a tie), br0 with `ttft_budget_s=5` 0.592, with `hold_budget_ms=5000`
-  or `cost=time` 0.567 (-4.2% against br0, a tie). TTFT P95 is ~0.3 s: the TPOT bar binds
-  in a shallow pool (about 9 live requests per replica), where a router places one
-  request at a time and cannot undo the spread of a few heavy-tailed requests as they
-  grow; a hold buys nothing when nothing waits. (Earlier default: brh+oracle +6.8% over
-  br0, a tie with min_max; not rerun.)
-- **Mooncake G = 16 (K = 4 x 1000, 5%): the same picture as G = 8.** sglang_total_tokens
-  4.673 req/s, br0 4.964 (+6.2%, a tie), DyntraLB behind sglang_total_tokens 5.434 (br0
-  -8.6%, a tie but more than 1 point), br0 with `hold_budget_ms=5000` 5.434 (= DyntraLB;
-  +16.3% over the best router rule; TTFT P95 5.6 s), with `ttft_budget_s=5` 4.964 (= br0).
-- **ServeGen R1 G = 16 under the current default: not
-  measured** (CPU time). chat-rag and reasoning: see their per-cell tables (all ties).
-- **Azure 2023 conv (G = 8, K = 4 x 1000, 5%): the default loses on the TTFT tail, and an
-  ageing budget fixes it.** TPOT stays at ~42 ms against the 50.1 ms bar for every policy;
-  the TTFT P95 decides. sglang_total_tokens (= min_max) carries 16.5 req/s (TTFT P95
-  8.2 s). br0 with main's default carries 14.6 (`azure-conv-g8-low`, the same windows:
-  -11.4%, lower; TTFT P95 11.3 s at 15, 25.3 s at 16.5 and 42.1 s at 18.2 req/s, where
-  sglang_total_tokens has 3.9, 8.2 and 12.9 s): the fairness bound (2 x the FCFS wait + 120 s)
-  lets newer short requests overtake older ones for up to minutes near saturation, which
-  is what the TTFT P95 measures. br0 with `ttft_budget_s=5` carries 17.3 req/s (TTFT P95
-  9.4 s; +4.9% over sglang_total_tokens, a tie at 5%; +18.4% over br0); `cost=time`
-  (14.6, = br0) and `hold_budget_ms=5000` (13.9, TTFT P95 15.4 s at 15 req/s) do not
-  help: a hold spends exactly the TTFT slack that binds.
-- **Default-change candidates, for issue 26's owner** (the candidates table above):
-  `ttft_budget_s = 5` (half the TTFT SLO) is never worse than br0 in the cells of
-  this default (Mooncake G = 8 and 16 and R1 = br0; Azure 17.3 req/s against br0's 14.6)
-  and removes the
-  Azure loss; `hold_budget_ms = 5000` is worth +8.9% / +9.5% on Mooncake G = 8 / 16
-  but costs Azure 4.9%
-  (13.9 against br0's 14.6; TTFT P95 15.4 s at 15 req/s against 11.3 s), so it cannot be
-  a global default as it stands (R1: 0.567, -4.2%, a tie). Both together
-  (`*-ttft-hold` cells, br0 rerun in the same windows): Azure 16.7 (+13.4% over br0, a
-  tie with the budget alone), Mooncake 2.255 (+4.9% over br0, a tie; the hold alone
-  carries 2.388): the budget keeps the Azure repair but gives back most of the hold's
-  Mooncake gain. `cost=time` on equal replicas
-  equals tokens on Mooncake (2.193) and on Azure (14.6) and is 4.2% below on R1 (0.567
-  against 0.592, a tie): no capacity gain measured, so these cells give no reason to
-  make it the default.
-"""
+# the prose under the tables: what the committed cells show (edited by hand with the cells)
+MEANING = (Path(__file__).with_name("capacity_meaning.md")).read_text()
 
 
 def _cand(r: dict[str, Any] | None, d: dict[str, Any] | None, tol: float) -> str:
