@@ -151,7 +151,8 @@ def capacity(trace: Trace, specs: Sequence[RunSpec], slo: SLO, *, replays: int =
                 state[i].record(rate, rows[j * len(reps):(j + 1) * len(reps)], slo)
             if progress is not None:
                 progress(f"round {rnd + 1}: " + ", ".join(
-                    f"{specs[i].name} {r:.3g} req/s" for i, r in todo.items()))
+                    f"{specs[i].name} {r:.3g} req/s ({_brief(state[i].evals[r])})"
+                    for i, r in todo.items()))
     runs = [state[i].result(specs[i], slo, br) for i in range(len(specs))]
     for r, s in zip(runs, specs, strict=True):
         bidx = next((b for b, bs in enumerate(specs) if bs.name == baseline
@@ -238,6 +239,14 @@ class _Search:
                               else 1e3 * row["ttft_p95_s"])
         row["evaluations"] = [self.evals[k] for k in sorted(self.evals)]
         return row
+
+
+def _brief(e: dict[str, Any]) -> str:
+    """One evaluation for the progress line: TPOT P95, TTFT P95, barrier idle, verdict."""
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+    return (f"TPOT {f(e['tpot_p95_ms'], '.1f')} ms, TTFT {f(e['ttft_p95_s'], '.2f')} s, "
+            f"idle {f(e['barrier_idle_share'], '.2f')}, {'meets' if e['meets'] else 'fails'}")
 
 
 def _mean(vals: list[Any]) -> float | None:
