@@ -1,0 +1,217 @@
+"""Research: where the graph's time to first token goes, hop by hop (issue 28).
+
+One live window (saturated: every request sent at t = 0), each arm on fresh SGLang
+emulators: the graph (``policy`` at ``pool.dispatch_ahead`` ``depth``) and smg's
+``round_robin``. The emulators mark each request's hops in wall-clock time
+(``/emulator/timeline``, keyed by the bootstrap room, joined to the client's request by
+its seed); the client records its send and first-token times. Per request, seconds:
+
+- ``to_prefill``: client send -> the prefill engine receives the request;
+- ``prefill``: the prefill engine's modelled compute;
+- ``to_decode``: client send -> the decode engine receives the request (smg: at once;
+  the graph: ingress, prefill call, ticket, pool, tick, bind, decode replica);
+- ``kv_wait``: decode received -> the room's KV pulled (waits for the prefill);
+- ``engine``: KV pulled -> the engine's first token (its queue and first step);
+- ``back``: the engine's first token -> the client's first token (the return path);
+- ``ttft``: the client's time to first token.
+
+Printed and written: P50 / P95 per hop and arm, the engine's first step (from the
+first send), and (graph) the scheduler's pool size polled from ``/v1/br/state``.
+
+    python research/ttft_breakdown.py --trace ../shared/traces/servegen/deepseek_r1_5rps_1h.csv \
+        --window 64 --set replicas=8 --set slots=4 --out results/peers/ttft_g8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from br_serve.bench import peers
+from br_serve.bench import serve_bench as sb
+from br_serve.bench.peers_routers import ARMS, running_router
+from br_serve.bench.remote_engines import REMOTE_MODEL, engine_processes, engine_steps
+from br_serve.serve.cli import free_port, start_ray, stop_ray
+from br_serve.serve.config import parse_graph_config
+
+HOPS = ("to_prefill", "prefill", "to_decode", "kv_wait", "engine", "back", "ttft")
+
+
+def _minimal_agent() -> None:
+    """As in gap_bench.py: Ray's dashboard agent in its minimal mode (a busy host)."""
+    import ray._private.utils as ray_utils
+
+    ray_utils.get_dashboard_dependency_error = lambda: ImportError("minimal agent")
+
+
+async def replay(port: int, reqs: list[Any], timeout_s: float, model: str = sb.MODEL
+                 ) -> tuple[float, float]:
+    """``serve_bench._replay`` that also returns the Unix time of its t0."""
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s,
+                                 limits=limits) as client:
+        t0, t0_unix = time.perf_counter(), time.time()
+        await asyncio.gather(*(sb._one(client, r, t0, model) for r in reqs))
+        return time.perf_counter() - t0, t0_unix
+
+
+def poll_pool(port: int, stop: threading.Event, out: list[tuple[float, int]]) -> None:
+    with httpx.Client(timeout=5) as c:
+        while not stop.is_set():
+            try:
+                out.append((time.time(), int(c.get(
+                    f"http://127.0.0.1:{port}/v1/br/state").json()["pool_size"])))
+            except Exception:  # not up yet, or going down
+                pass
+            stop.wait(0.1)
+
+
+def timelines(purl: str, durl: str, reqs: list[Any], t0_unix: float
+              ) -> list[dict[str, float]]:
+    pm = httpx.get(f"{purl}/emulator/timeline", timeout=30).json()["marks"]
+    dm = httpx.get(f"{durl}/emulator/timeline", timeout=30).json()["marks"]
+    by_seed = {r.seed: r for r in reqs}
+    rows = []
+    for room, d in dm.items():
+        p, r = pm.get(room, {}), by_seed.get(int(d.get("seed", -1)))
+        need = ("prefill_in", "prefill_done")
+        if r is None or not r.first_s or any(k not in p for k in need) or \
+                "first_token" not in d:
+            continue
+        send = t0_unix + r.sent_s
+        rows.append({"seed": r.seed, "rank": d.get("rank"),
+                     "to_prefill": p["prefill_in"] - send,
+                     "prefill": p["prefill_done"] - p["prefill_in"],
+                     "to_decode": d["decode_in"] - send,
+                     "decode_after_prefill_done": d["decode_in"] - p["prefill_done"],
+                     "kv_wait": d["kv_ready"] - d["decode_in"],
+                     "engine": d["first_token"] - d["kv_ready"],
+                     "back": t0_unix + r.first_s - d["first_token"],
+                     "ttft": r.first_s - r.sent_s})
+    return rows
+
+
+def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(rows)}
+    for h in (*HOPS, "decode_after_prefill_done"):
+        xs = [r[h] for r in rows]
+        out[h] = {"p50_s": float(np.percentile(xs, 50)), "p95_s": float(np.percentile(xs, 95)),
+                  "mean_s": float(np.mean(xs))} if xs else None
+    return out
+
+
+def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
+        timeout_s: float) -> dict[str, Any]:
+    from ray import serve
+
+    from br_serve.serve.graph import deploy
+
+    pool: list[tuple[float, int]] = []
+    with engine_processes(base, "sglang") as (purl, durl):
+        since = peers._steps_now(durl)
+        if arm == "graph":
+            cfg = parse_graph_config(base, engine="sglang", remote_prefill_urls=purl,
+                                     remote_decode_urls=durl, remote_dp_size=base.replicas,
+                                     remote_model=REMOTE_MODEL, serve_app_name="ttft",
+                                     policy={"name": policy},
+                                     pool_dispatch_ahead=str(depth))
+            deploy(cfg)
+            stop = threading.Event()
+            th = threading.Thread(target=poll_pool, args=(cfg.serve.port, stop, pool))
+            th.start()
+            try:
+                _, t0_unix = asyncio.run(replay(cfg.serve.port, reqs, timeout_s))
+            finally:
+                stop.set()
+                th.join()
+            serve.delete(cfg.serve.app_name)
+        else:
+            port = free_port()
+            with running_router(ARMS[arm], port, purl, durl, base.replicas,
+                                REMOTE_MODEL, None):
+                _, t0_unix = asyncio.run(replay(port, reqs, timeout_s, REMOTE_MODEL))
+        log = engine_steps(durl, since)
+        rows = timelines(purl, durl, reqs, t0_unix)
+        eng = peers.engine_metrics(durl, since)
+    cols = ("step", "t_end_unix_s", "duration_s", "late_s", "loads", "running", "waiting")
+    steps = [dict(zip(cols, r, strict=True)) if isinstance(r, list) else r
+             for r in log["rows"]]
+    busy = [s for s in steps if sum(s["running"]) > 0]
+    first_step = (min(s["t_end_unix_s"] - s["duration_s"] for s in busy) - t0_unix
+                  if busy else None)
+    last_step = max(s["t_end_unix_s"] for s in busy) - t0_unix if busy else None
+    return {"client": peers.client_metrics(reqs), "hops": summary(rows),
+            "engine_first_step_s": first_step, "engine_last_step_s": last_step,
+            "engine_steps": len(busy), "engine": {k: eng.get(k) for k in
+                                                  ("mean_running", "mean_waiting")},
+            "pool_polls": [(t - t0_unix, n) for t, n in pool], "requests": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--windows", default="0", help="window indices, comma-separated")
+    ap.add_argument("--max-output", type=int, default=128)
+    ap.add_argument("--max-prompt", type=int, default=16384)
+    ap.add_argument("--policy", default="br0")
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--arms", default="graph,smg:round_robin")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--out", default="results/peers/ttft_g8.json")
+    args = ap.parse_args()
+    opts = {"replicas": "8", "slots": "4", "engine_slowdown": "2",
+            "serve_port": str(free_port()), "pool_capacity": "4096"}
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        opts[k.replace(".", "_")] = v
+    base = parse_graph_config(opts)
+    idx = [int(i) for i in args.windows.split(",")]
+    wins = peers.windows(args.trace, max(idx) + 1, args.window, args.max_prompt,
+                         args.max_output, base.seed)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    _minimal_agent()
+    start_ray(2)
+    runs: list[dict[str, Any]] = []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    try:
+        for i in idx:
+            for arm in arms:
+                load = os.getloadavg()
+                up = subprocess.run(["uptime"], capture_output=True, text=True).stdout
+                res = run(arm, base, wins[i].requests(True, 1.0), args.policy, args.depth,
+                          args.timeout)
+                res.update(arm=arm, window=i, host_load_1m=load[0], uptime=up.strip())
+                runs.append(res)
+                h = res["hops"]
+                print(f"{up.strip()}\nw{i} {arm}: tok/s {res['client']['output_tok_s']:.1f} "
+                      f"first step {res['engine_first_step_s']:.2f} s, last "
+                      f"{res['engine_last_step_s']:.2f} s, steps {res['engine_steps']}",
+                      flush=True)
+                for k in (*HOPS, "decode_after_prefill_done"):
+                    if h.get(k):
+                        print(f"  {k:>26}: P50 {h[k]['p50_s']:7.3f}  P95 "
+                              f"{h[k]['p95_s']:7.3f}  mean {h[k]['mean_s']:7.3f}", flush=True)
+                Path(args.out).write_text(json.dumps(
+                    {"config": {**vars(args), "graph": base.model_dump(exclude={"api_key"}),
+                                "commit": commit}, "runs": runs}, indent=1, default=str))
+    finally:
+        stop_ray()
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
