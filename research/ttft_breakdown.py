@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -68,11 +69,9 @@ async def replay(port: int, reqs: list[Any], timeout_s: float, model: str = sb.M
 def poll_pool(port: int, stop: threading.Event, out: list[tuple[float, int]]) -> None:
     with httpx.Client(timeout=5) as c:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(Exception):  # not up yet, or going down
                 out.append((time.time(), int(c.get(
                     f"http://127.0.0.1:{port}/v1/br/state").json()["pool_size"])))
-            except Exception:  # not up yet, or going down
-                pass
             stop.wait(0.1)
 
 

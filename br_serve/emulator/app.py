@@ -279,7 +279,7 @@ class Emulator:
 class _Marked:
     """A token queue that marks ``first_token`` in the timeline at its first event."""
 
-    __slots__ = ("_queue", "_timeline", "_key")
+    __slots__ = ("_key", "_queue", "_timeline")
 
     def __init__(self, queue: asyncio.Queue[Any], timeline: Timeline, key: str) -> None:
         self._queue, self._timeline, self._key = queue, timeline, key
