@@ -9,7 +9,12 @@ its seed); the client records its send and first-token times. Per request, secon
 - ``to_prefill``: client send -> the prefill engine receives the request;
 - ``prefill``: the prefill engine's modelled compute;
 - ``to_decode``: client send -> the decode engine receives the request (smg: at once;
-  the graph: ingress, prefill call, ticket, pool, tick, bind, decode replica);
+  the graph: ingress, prefill call, ticket, pool, tick, bind, decode replica), which for
+  the graph is split by its actors' timelines (``timeline()`` RPCs) into
+  ``to_pool`` (send -> the scheduler's pool), ``pool`` (pool -> bound), ``to_replica``
+  (bound -> the replica's ``admit``), ``kv_pull`` (the replica's KV-lease pull),
+  ``to_install`` (pulled -> installed by the step thread) and ``to_engine`` (installed
+  -> the decode engine receives the call);
 - ``kv_wait``: decode received -> the room's KV pulled (waits for the prefill);
 - ``engine``: KV pulled -> the engine's first token (its queue and first step);
 - ``back``: the engine's first token -> the client's first token (the return path);
@@ -46,6 +51,24 @@ from br_serve.serve.cli import free_port, start_ray, stop_ray
 from br_serve.serve.config import parse_graph_config
 
 HOPS = ("to_prefill", "prefill", "to_decode", "kv_wait", "engine", "back", "ttft")
+GRAPH_HOPS = ("to_pool", "pool", "to_replica", "kv_pull", "to_install", "to_engine")
+
+
+def graph_marks(cfg: Any) -> dict[int, dict[str, float]]:
+    """The scheduler's and every decode replica's marks, merged, by seed."""
+    import ray
+
+    from br_serve.serve.actors import actor_names
+
+    sname, dnames = actor_names(cfg.serve.app_name, cfg.replicas)
+    ns = cfg.serve.namespace
+    sched = ray.get(ray.get_actor(sname, namespace=ns).timeline.remote())["marks"]
+    by_id = {rid: dict(m) for rid, m in sched.items()}
+    for n in dnames:
+        for rid, m in ray.get(ray.get_actor(n, namespace=ns).timeline.remote())[
+                "marks"].items():
+            by_id.setdefault(rid, {}).update(m)
+    return {int(m["seed"]): m for m in by_id.values() if "seed" in m}
 
 
 def _minimal_agent() -> None:
@@ -75,8 +98,8 @@ def poll_pool(port: int, stop: threading.Event, out: list[tuple[float, int]]) ->
             stop.wait(0.1)
 
 
-def timelines(purl: str, durl: str, reqs: list[Any], t0_unix: float
-              ) -> list[dict[str, float]]:
+def timelines(purl: str, durl: str, reqs: list[Any], t0_unix: float,
+              graph: dict[int, dict[str, float]] | None = None) -> list[dict[str, float]]:
     pm = httpx.get(f"{purl}/emulator/timeline", timeout=30).json()["marks"]
     dm = httpx.get(f"{durl}/emulator/timeline", timeout=30).json()["marks"]
     by_seed = {r.seed: r for r in reqs}
@@ -88,7 +111,18 @@ def timelines(purl: str, durl: str, reqs: list[Any], t0_unix: float
                 "first_token" not in d:
             continue
         send = t0_unix + r.sent_s
-        rows.append({"seed": r.seed, "rank": d.get("rank"),
+        g = (graph or {}).get(r.seed)
+        if g is not None and all(k in g for k in ("pool_in", "bound", "admit_in",
+                                                  "kv_pulled", "installed")):
+            extra = {"to_pool": g["pool_in"] - send, "pool": g["bound"] - g["pool_in"],
+                     "to_replica": g["admit_in"] - g["bound"],
+                     "kv_pull": g["kv_pulled"] - g["admit_in"],
+                     "to_install": g["installed"] - g["kv_pulled"],
+                     "to_engine": d["decode_in"] - g["installed"],
+                     "ingress_clock_skew": g["arrival"] - send}
+        else:
+            extra = {}
+        rows.append({**extra, "seed": r.seed, "rank": d.get("rank"),
                      "to_prefill": p["prefill_in"] - send,
                      "prefill": p["prefill_done"] - p["prefill_in"],
                      "to_decode": d["decode_in"] - send,
@@ -102,8 +136,8 @@ def timelines(purl: str, durl: str, reqs: list[Any], t0_unix: float
 
 def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     out: dict[str, Any] = {"n": len(rows)}
-    for h in (*HOPS, "decode_after_prefill_done"):
-        xs = [r[h] for r in rows]
+    for h in (*HOPS, "decode_after_prefill_done", *GRAPH_HOPS):
+        xs = [r[h] for r in rows if h in r]
         out[h] = {"p50_s": float(np.percentile(xs, 50)), "p95_s": float(np.percentile(xs, 95)),
                   "mean_s": float(np.mean(xs))} if xs else None
     return out
@@ -116,8 +150,8 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
     from br_serve.serve.graph import deploy
 
     pool: list[tuple[float, int]] = []
+    graph = None
     with engine_processes(base, "sglang") as (purl, durl):
-        since = peers._steps_now(durl)
         if arm == "graph":
             cfg = parse_graph_config(base, engine="sglang", remote_prefill_urls=purl,
                                      remote_decode_urls=durl, remote_dp_size=base.replicas,
@@ -125,6 +159,7 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
                                      policy={"name": policy},
                                      pool_dispatch_ahead=str(depth))
             deploy(cfg)
+            since = peers._steps_now(durl)  # after the graph's start-up probe
             stop = threading.Event()
             th = threading.Thread(target=poll_pool, args=(cfg.serve.port, stop, pool))
             th.start()
@@ -133,14 +168,16 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
             finally:
                 stop.set()
                 th.join()
+            graph = graph_marks(cfg)
             serve.delete(cfg.serve.app_name)
         else:
             port = free_port()
             with running_router(ARMS[arm], port, purl, durl, base.replicas,
                                 REMOTE_MODEL, None):
+                since = peers._steps_now(durl)  # after the router's start-up request
                 _, t0_unix = asyncio.run(replay(port, reqs, timeout_s, REMOTE_MODEL))
         log = engine_steps(durl, since)
-        rows = timelines(purl, durl, reqs, t0_unix)
+        rows = timelines(purl, durl, reqs, t0_unix, graph)
         eng = peers.engine_metrics(durl, since)
     cols = ("step", "t_end_unix_s", "duration_s", "late_s", "loads", "running", "waiting")
     steps = [dict(zip(cols, r, strict=True)) if isinstance(r, list) else r
@@ -199,7 +236,7 @@ def main() -> int:
                       f"first step {res['engine_first_step_s']:.2f} s, last "
                       f"{res['engine_last_step_s']:.2f} s, steps {res['engine_steps']}",
                       flush=True)
-                for k in (*HOPS, "decode_after_prefill_done"):
+                for k in (*HOPS, "decode_after_prefill_done", *GRAPH_HOPS):
                     if h.get(k):
                         print(f"  {k:>26}: P50 {h[k]['p50_s']:7.3f}  P95 "
                               f"{h[k]['p95_s']:7.3f}  mean {h[k]['mean_s']:7.3f}", flush=True)
