@@ -89,6 +89,19 @@ async def replay(port: int, reqs: list[Any], timeout_s: float, model: str = sb.M
         return time.perf_counter() - t0, t0_unix
 
 
+async def health_burst(port: int, n: int) -> dict[str, float]:
+    """``n`` concurrent ``GET /health`` through the front door: the fan-in cost of a
+    burst that does no routing work (P50 / max seconds)."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                                 limits=httpx.Limits(max_connections=2000)) as client:
+        async def one() -> float:
+            t = time.perf_counter()
+            await client.get("/health")
+            return time.perf_counter() - t
+        xs = await asyncio.gather(*(one() for _ in range(n)))
+    return {"p50_s": float(np.percentile(xs, 50)), "max_s": float(max(xs))}
+
+
 def poll_pool(port: int, stop: threading.Event, out: list[tuple[float, int]]) -> None:
     with httpx.Client(timeout=5) as c:
         while not stop.is_set():
@@ -152,13 +165,16 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
     pool: list[tuple[float, int]] = []
     graph = None
     with engine_processes(base, "sglang") as (purl, durl):
-        if arm == "graph":
+        if arm.startswith("graph"):  # "graph" or "graph+key=value+...": config overrides
+            over = dict(kv.split("=", 1) for kv in arm.split("+")[1:])
             cfg = parse_graph_config(base, engine="sglang", remote_prefill_urls=purl,
                                      remote_decode_urls=durl, remote_dp_size=base.replicas,
                                      remote_model=REMOTE_MODEL, serve_app_name="ttft",
                                      policy={"name": policy},
-                                     pool_dispatch_ahead=str(depth))
+                                     pool_dispatch_ahead=str(depth),
+                                     **{k.replace(".", "_"): v for k, v in over.items()})
             deploy(cfg)
+            burst = asyncio.run(health_burst(cfg.serve.port, len(reqs)))
             since = peers._steps_now(durl)  # after the graph's start-up probe
             stop = threading.Event()
             th = threading.Thread(target=poll_pool, args=(cfg.serve.port, stop, pool))
@@ -174,6 +190,7 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
             port = free_port()
             with running_router(ARMS[arm], port, purl, durl, base.replicas,
                                 REMOTE_MODEL, None):
+                burst = asyncio.run(health_burst(port, len(reqs)))
                 since = peers._steps_now(durl)  # after the router's start-up request
                 _, t0_unix = asyncio.run(replay(port, reqs, timeout_s, REMOTE_MODEL))
         log = engine_steps(durl, since)
@@ -187,6 +204,7 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
                   if busy else None)
     last_step = max(s["t_end_unix_s"] for s in busy) - t0_unix if busy else None
     return {"client": peers.client_metrics(reqs), "hops": summary(rows),
+            "health_burst": burst,
             "engine_first_step_s": first_step, "engine_last_step_s": last_step,
             "engine_steps": len(busy), "engine": {k: eng.get(k) for k in
                                                   ("mean_running", "mean_waiting")},
@@ -232,7 +250,8 @@ def main() -> int:
                 res.update(arm=arm, window=i, host_load_1m=load[0], uptime=up.strip())
                 runs.append(res)
                 h = res["hops"]
-                print(f"{up.strip()}\nw{i} {arm}: tok/s {res['client']['output_tok_s']:.1f} "
+                print(f"{up.strip()}\nhealth burst {res['health_burst']}", flush=True)
+                print(f"w{i} {arm}: tok/s {res['client']['output_tok_s']:.1f} "
                       f"first step {res['engine_first_step_s']:.2f} s, last "
                       f"{res['engine_last_step_s']:.2f} s, steps {res['engine_steps']}",
                       flush=True)
