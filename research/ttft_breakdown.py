@@ -37,6 +37,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,38 @@ def timelines(purl: str, durl: str, reqs: list[Any], t0_unix: float,
     return rows
 
 
+def refill(rows: list[dict[str, Any]], steps: list[dict[str, Any]], t0_unix: float
+           ) -> dict[str, Any] | None:
+    """For requests that started after the first round (engine first token > 3 s): the
+    slot they took was freed at the end of the last step before their start in which
+    their rank's running count fell; seconds from that to the first token (the slot's
+    idle time), and (graph) its parts: freed -> bound, bound -> decode received."""
+    out: dict[str, list[float]] = {"freed_to_first_token": [], "freed_to_bound": [],
+                                   "bound_to_decode": []}
+    for r in rows:
+        start = r["to_decode"] + r["kv_wait"] + r["engine"]  # first token, from t0
+        if start < 3.0 or r.get("rank") is None:
+            continue
+        g, freed = int(r["rank"]), None
+        prev = None
+        for s in steps:
+            t = s["t_end_unix_s"] - t0_unix
+            if t >= start:
+                break
+            if prev is not None and s["running"][g] < prev:
+                freed = t
+            prev = s["running"][g]
+        if freed is None:
+            continue
+        out["freed_to_first_token"].append(start - freed)
+        if "pool" in r:
+            bound = r["to_pool"] + r["pool"]
+            out["freed_to_bound"].append(bound - freed)
+            out["bound_to_decode"].append(r["to_decode"] - bound)
+    return {k: {"n": len(v), "p50_s": float(np.percentile(v, 50)),
+                "mean_s": float(np.mean(v))} for k, v in out.items() if v} or None
+
+
 def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     out: dict[str, Any] = {"n": len(rows)}
     for h in (*HOPS, "decode_after_prefill_done", *GRAPH_HOPS):
@@ -208,12 +241,70 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
             "engine_first_step_s": first_step, "engine_last_step_s": last_step,
             "engine_steps": len(busy), "engine": {k: eng.get(k) for k in
                                                   ("mean_running", "mean_waiting")},
-            "pool_polls": [(t - t0_unix, n) for t, n in pool], "requests": rows}
+            "pool_polls": [(t - t0_unix, n) for t, n in pool], "requests": rows,
+            "steps": [(s["t_end_unix_s"] - t0_unix, s["duration_s"], s["running"])
+                      for s in busy], "refill": refill(rows, busy, t0_unix)}
+
+
+def table(res: dict[str, Any]) -> str:
+    """Per arm: the mean over windows of each hop's P50 (P95) and of the client's
+    numbers; then each arm's paired difference from the last arm (the router)."""
+    runs = res["runs"]
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    cols = ("to_prefill", "to_pool", "pool", "to_decode", "kv_wait", "engine", "back",
+            "ttft")
+    out = ["| arm | n | tok/s | engine 1st step s | " + " | ".join(
+        f"{c} P50 (P95) s" for c in cols) + " | /health burst P50 s | host load |",
+        "|---" * (len(cols) + 6) + "|"]
+    for a in arms:
+        rs = [r for r in runs if r["arm"] == a]
+
+        def m(get: Any, rs: list[dict[str, Any]] = rs) -> float:
+            xs = [get(r) for r in rs]
+            xs = [x for x in xs if x is not None]
+            return float(np.mean(xs)) if xs else float("nan")
+
+        cells = []
+        for c in cols:
+            p50 = m(lambda r, c=c: (r["hops"].get(c) or {}).get("p50_s"))
+            p95 = m(lambda r, c=c: (r["hops"].get(c) or {}).get("p95_s"))
+            cells.append("-" if np.isnan(p50) else f"{p50:.2f} ({p95:.2f})")
+        loads = [r["host_load_1m"] for r in rs]
+        out.append(f"| {a} | {len(rs)} | {m(lambda r: r['client']['output_tok_s']):.1f} | "
+                   f"{m(lambda r: r['engine_first_step_s']):.2f} | " + " | ".join(cells)
+                   + f" | {m(lambda r: r['health_burst']['p50_s']):.2f} | "
+                   f"{min(loads):.1f}-{max(loads):.1f} |")
+    ref = arms[-1]
+    out.append("")
+    for a in arms[:-1]:
+        getters: tuple[tuple[str, Callable[[dict[str, Any]], float]], ...] = (
+                          ("TTFT P50 s", lambda r: r["hops"]["ttft"]["p50_s"]),
+                          ("TTFT mean s", lambda r: r["hops"]["ttft"]["mean_s"]),
+                          ("engine first step s", lambda r: r["engine_first_step_s"]),
+                          ("send->pool/decode P50 s", lambda r: (
+                              r["hops"].get("to_pool") or r["hops"]["to_decode"])["p50_s"]),
+                          ("output tok/s %", lambda r: r["client"]["output_tok_s"]))
+        for name, get in getters:
+            d: list[float] = []
+            for w in sorted({r["window"] for r in runs}):
+                x = [r for r in runs if r["arm"] == a and r["window"] == w]
+                y = [r for r in runs if r["arm"] == ref and r["window"] == w]
+                if x and y:
+                    d.append(get(x[0]) / get(y[0]) * 100 - 100 if name.endswith("%")
+                             else get(x[0]) - get(y[0]))
+            if d:
+                t95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}.get(len(d), 2.0)
+                half = (float(np.std(d, ddof=1) / np.sqrt(len(d)) * t95) if len(d) > 1
+                        else float("nan"))
+                out.append(f"- {a} - {ref}, {name}: {np.mean(d):+.2f} "
+                           f"[{np.mean(d) - half:+.2f}, {np.mean(d) + half:+.2f}] (n = {len(d)})")
+    return "\n".join(out)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--trace", required=True)
+    ap.add_argument("--trace")
+    ap.add_argument("--table", help="print the markdown table of a written JSON and exit")
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--windows", default="0", help="window indices, comma-separated")
     ap.add_argument("--max-output", type=int, default=128)
@@ -225,6 +316,11 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--out", default="results/peers/ttft_g8.json")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
+    if not args.trace:
+        ap.error("--trace is required (unless --table)")
     opts = {"replicas": "8", "slots": "4", "engine_slowdown": "2",
             "serve_port": str(free_port()), "pool_capacity": "4096"}
     for kv in args.set:
@@ -251,6 +347,7 @@ def main() -> int:
                 runs.append(res)
                 h = res["hops"]
                 print(f"{up.strip()}\nhealth burst {res['health_burst']}", flush=True)
+                print(f"refill {json.dumps(res['refill'])}", flush=True)
                 print(f"w{i} {arm}: tok/s {res['client']['output_tok_s']:.1f} "
                       f"first step {res['engine_first_step_s']:.2f} s, last "
                       f"{res['engine_last_step_s']:.2f} s, steps {res['engine_steps']}",
