@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -148,12 +149,15 @@ def timelines(purl: str, durl: str, reqs: list[Any], t0_unix: float,
     return rows
 
 
-def refill(rows: list[dict[str, Any]], steps: list[dict[str, Any]], t0_unix: float
+def refill(rows: list[dict[str, Any]], steps: list[tuple[float, float, list[int]]]
            ) -> dict[str, Any] | None:
-    """For requests that started after the first round (engine first token > 3 s): the
-    slot they took was freed at the end of the last step before their start in which
-    their rank's running count fell; seconds from that to the first token (the slot's
-    idle time), and (graph) its parts: freed -> bound, bound -> decode received."""
+    """For requests that started after the first round (engine first token > 3 s from
+    t0): the slot they took was freed at the end of the step in which a request of
+    their rank produced its last token (the step before the rank's running count fell);
+    seconds from then to their first token (the slot's idle time, an upper bound of
+    the time a queued request waits: one step), and (graph) its parts: freed -> bound,
+    bound -> decode engine received. ``steps``: (end s from t0, duration s, running
+    per rank)."""
     out: dict[str, list[float]] = {"freed_to_first_token": [], "freed_to_bound": [],
                                    "bound_to_decode": []}
     for r in rows:
@@ -161,14 +165,11 @@ def refill(rows: list[dict[str, Any]], steps: list[dict[str, Any]], t0_unix: flo
         if start < 3.0 or r.get("rank") is None:
             continue
         g, freed = int(r["rank"]), None
-        prev = None
-        for s in steps:
-            t = s["t_end_unix_s"] - t0_unix
-            if t >= start:
+        for prev, cur in itertools.pairwise(steps):
+            if cur[0] >= start:
                 break
-            if prev is not None and s["running"][g] < prev:
-                freed = t
-            prev = s["running"][g]
+            if cur[2][g] < prev[2][g]:
+                freed = prev[0]
         if freed is None:
             continue
         out["freed_to_first_token"].append(start - freed)
@@ -236,20 +237,24 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
     first_step = (min(s["t_end_unix_s"] - s["duration_s"] for s in busy) - t0_unix
                   if busy else None)
     last_step = max(s["t_end_unix_s"] for s in busy) - t0_unix if busy else None
+    compact = [(s["t_end_unix_s"] - t0_unix, s["duration_s"], list(s["running"]))
+               for s in busy]
     return {"client": peers.client_metrics(reqs), "hops": summary(rows),
             "health_burst": burst,
             "engine_first_step_s": first_step, "engine_last_step_s": last_step,
             "engine_steps": len(busy), "engine": {k: eng.get(k) for k in
                                                   ("mean_running", "mean_waiting")},
             "pool_polls": [(t - t0_unix, n) for t, n in pool], "requests": rows,
-            "steps": [(s["t_end_unix_s"] - t0_unix, s["duration_s"], s["running"])
-                      for s in busy], "refill": refill(rows, busy, t0_unix)}
+            "steps": compact, "refill": refill(rows, compact)}
 
 
 def table(res: dict[str, Any]) -> str:
     """Per arm: the mean over windows of each hop's P50 (P95) and of the client's
     numbers; then each arm's paired difference from the last arm (the router)."""
     runs = res["runs"]
+    for r in runs:  # recomputed from the saved rows (older files lack it)
+        if "steps" in r:
+            r["refill"] = refill(r["requests"], [tuple(x) for x in r["steps"]])
     arms = list(dict.fromkeys(r["arm"] for r in runs))
     cols = ("to_prefill", "to_pool", "pool", "to_decode", "kv_wait", "engine", "back",
             "ttft")
@@ -276,6 +281,15 @@ def table(res: dict[str, Any]) -> str:
                    f"{min(loads):.1f}-{max(loads):.1f} |")
     ref = arms[-1]
     out.append("")
+    for a in arms:
+        for k in ("freed_to_first_token", "freed_to_bound", "bound_to_decode"):
+            xs = [r["refill"][k] for r in runs if r["arm"] == a and r.get("refill")
+                  and k in r["refill"]]
+            if xs:
+                out.append(f"- {a}, late starts, {k}: P50 "
+                           f"{np.mean([x['p50_s'] for x in xs]):.2f} s, mean "
+                           f"{np.mean([x['mean_s'] for x in xs]):.2f} s (n = "
+                           f"{sum(x['n'] for x in xs)} requests, {len(xs)} windows)")
     for a in arms[:-1]:
         getters: tuple[tuple[str, Callable[[dict[str, Any]], float]], ...] = (
                           ("TTFT P50 s", lambda r: r["hops"]["ttft"]["p50_s"]),
