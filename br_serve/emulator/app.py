@@ -6,7 +6,9 @@ process (one, or one per rank) is a FastAPI app built over the same instance.
 
 Endpoints every app serves: ``GET /health``, ``GET /v1/models``, ``GET
 /emulator/stats`` (per-rank counters, KV releases, the emulator's CPU time, ignored
-request fields by name, the barrier summary), ``GET /emulator/barrier`` (the summary of
+request fields by name, the barrier summary), ``GET /emulator/timeline`` (per request
+key, the wall-clock times of its hops: :class:`~br_serve.emulator.runtime.Timeline`),
+``GET /emulator/barrier`` (the summary of
 what the lock-step barrier did) and ``GET /emulator/steps?since=N&limit=M`` (one row per
 step: :mod:`br_serve.emulator.steplog`),
 ``POST /emulator/fault`` (with ``--enable-fault-injection``), and on a prefill role the
