@@ -118,8 +118,16 @@ def timelines(purl: str, durl: str, reqs: list[Any], t0_unix: float,
     pm = httpx.get(f"{purl}/emulator/timeline", timeout=30).json()["marks"]
     dm = httpx.get(f"{durl}/emulator/timeline", timeout=30).json()["marks"]
     by_seed = {r.seed: r for r in reqs}
-    rows = []
+    # a request retried on the decode side (re-prefilled) has a second room with the
+    # same seed: keep its first attempt, which the client's first token came from
+    first: dict[int, str] = {}
     for room, d in dm.items():
+        sd = int(d.get("seed", -1))
+        if sd not in first or d.get("decode_in", 0.0) < dm[first[sd]].get("decode_in", 0.0):
+            first[sd] = room
+    rows = []
+    for room in first.values():
+        d = dm[room]
         p, r = pm.get(room, {}), by_seed.get(int(d.get("seed", -1)))
         need = ("prefill_in", "prefill_done")
         if r is None or not r.first_s or any(k not in p for k in need) or \
