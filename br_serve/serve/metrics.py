@@ -5,6 +5,8 @@ Created lazily inside the actors that record them (metrics need a connected Ray 
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -21,14 +23,13 @@ class RequestTimeline:
     """Wall-clock (Unix s) marks of requests' hops inside one actor, by request id
     (the scheduler: ``arrival`` at the ingress, ``pool_in``, ``bound`` with its
     ``replica``; a decode replica: ``admit_in``, ``kv_pulled``, ``installed``), plus
-    the request's ``seed`` (a client's join key). The first mark of a name wins; at most
-    ``limit`` requests are kept (later ones are only counted in ``dropped``), so a
-    long-running graph stays bounded. Read with the actors' ``timeline()`` RPC. Marks
-    may come from several threads (a replica's step thread and its event loop)."""
+    the request's ``seed`` (a client's join key). The first mark of a name wins. The
+    ``limit`` most recently first-marked requests are kept: a new one evicts the oldest
+    (counted in ``dropped``), so a long-running graph stays bounded and always shows its
+    latest requests. Read with the actors' ``timeline()`` RPC. Marks may come from
+    several threads (a replica's step thread and its event loop)."""
 
     def __init__(self, limit: int = 20_000) -> None:
-        import threading
-
         self.limit = limit
         self.marks: dict[str, dict[str, float]] = {}
         self.dropped = 0
@@ -36,15 +37,13 @@ class RequestTimeline:
 
     def mark(self, request_id: str, name: str, at_s: float | None = None,
              **extra: float) -> None:
-        import time
-
         t = time.time() if at_s is None else at_s
         with self._lock:
             row = self.marks.get(request_id)
             if row is None:
-                if len(self.marks) >= self.limit:
+                if len(self.marks) >= self.limit:  # dicts keep insertion order
+                    del self.marks[next(iter(self.marks))]
                     self.dropped += 1
-                    return
                 row = self.marks[request_id] = {}
             row.setdefault(name, t)
             for k, v in extra.items():
