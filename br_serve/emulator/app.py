@@ -6,7 +6,9 @@ process (one, or one per rank) is a FastAPI app built over the same instance.
 
 Endpoints every app serves: ``GET /health``, ``GET /v1/models``, ``GET
 /emulator/stats`` (per-rank counters, KV releases, the emulator's CPU time, ignored
-request fields by name, the barrier summary), ``GET /emulator/barrier`` (the summary of
+request fields by name, the barrier summary), ``GET /emulator/timeline`` (per request
+key, the wall-clock times of its hops: :class:`~br_serve.emulator.runtime.Timeline`),
+``GET /emulator/barrier`` (the summary of
 what the lock-step barrier did) and ``GET /emulator/steps?since=N&limit=M`` (one row per
 step: :mod:`br_serve.emulator.steplog`),
 ``POST /emulator/fault`` (with ``--enable-fault-injection``), and on a prefill role the
@@ -48,6 +50,7 @@ from br_serve.emulator.runtime import (
     Counters,
     KVBroker,
     StepDriver,
+    Timeline,
     now_s,
     process_cpu_s,
 )
@@ -92,6 +95,7 @@ class Emulator:
         self.broker = KVBroker(KVLedger(config.ttl_s, now_s))
         self.dropped: set[int] = set()
         self.stalled: set[int] = set()
+        self.timeline = Timeline()
         self._ids = itertools.count()
         self._rr = itertools.count()
         self._client: httpx.AsyncClient | None = None
@@ -201,9 +205,14 @@ class Emulator:
 
     # -- decode serving --------------------------------------------------------------
     async def decode_response(self, request: Request, rid: str, response_id: str,
-                              rank: int, req: ParsedRequest) -> Response:
-        """Admit ``req`` on ``rank`` and answer it (an SSE stream or one JSON body)."""
-        queue = self.driver.submit(rid, rank, req.prompt_tokens, req.max_tokens, req.seed)
+                              rank: int, req: ParsedRequest, mark_key: str | None = None
+                              ) -> Response:
+        """Admit ``req`` on ``rank`` and answer it (an SSE stream or one JSON body);
+        ``mark_key``: the timeline key under which the first token is marked."""
+        raw_queue = self.driver.submit(rid, rank, req.prompt_tokens, req.max_tokens,
+                                       req.seed)
+        queue: Any = raw_queue if mark_key is None else _Marked(raw_queue, self.timeline,
+                                                           mark_key)
         writer = self.spec.writer(response_id, req, self.spec.choice_extra)
 
         async def stream() -> AsyncIterator[bytes]:
@@ -267,6 +276,20 @@ class Emulator:
                 "ignored_fields": dict(self.counters.ignored_fields),
                 "barrier": self.driver.log.summary(),
                 "kv": self.broker.ledger.snapshot(), "ranks": ranks}
+
+
+class _Marked:
+    """A token queue that marks ``first_token`` in the timeline at its first event."""
+
+    __slots__ = ("_key", "_queue", "_timeline")
+
+    def __init__(self, queue: asyncio.Queue[Any], timeline: Timeline, key: str) -> None:
+        self._queue, self._timeline, self._key = queue, timeline, key
+
+    async def get(self) -> Any:
+        ev = await self._queue.get()
+        self._timeline.mark(self._key, "first_token")
+        return ev
 
 
 class TokenStream(StreamingResponse):
@@ -375,6 +398,11 @@ def build_base_app(emu: Emulator, rank: int | None) -> FastAPI:
     @app.get("/emulator/stats")
     async def stats() -> dict[str, Any]:
         return emu.stats()
+
+    @app.get("/emulator/timeline")
+    async def timeline() -> dict[str, Any]:
+        return {"role": cfg.role, "marks": emu.timeline.marks,
+                "dropped": emu.timeline.dropped}
 
     @app.get("/emulator/barrier")
     async def barrier() -> dict[str, Any]:

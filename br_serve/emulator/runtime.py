@@ -210,6 +210,30 @@ class Counters:
         self.refused[why] = self.refused.get(why, 0) + 1
 
 
+class Timeline:
+    """Wall-clock (Unix s) marks of each request's hops, by key (an SGLang room):
+    ``prefill_in`` / ``prefill_done`` / ``kv_released`` on a prefill role, ``decode_in``
+    / ``kv_ready`` / ``first_token`` on a decode role, plus the request's ``seed`` (a
+    client's join key). The first mark of a name wins; at most ``limit`` keys are kept
+    (later ones are counted in ``dropped``), so a long-running emulator stays bounded."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self.marks: dict[str, dict[str, float]] = {}
+        self.dropped = 0
+
+    def mark(self, key: str, name: str, **extra: float) -> None:
+        row = self.marks.get(key)
+        if row is None:
+            if len(self.marks) >= self.limit:
+                self.dropped += 1
+                return
+            row = self.marks[key] = {}
+        row.setdefault(name, time.time())
+        for k, v in extra.items():
+            row.setdefault(k, v)
+
+
 def process_cpu_s() -> float:
     return time.process_time()
 

@@ -147,7 +147,9 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         key = str(room)
         if emu.broker.ledger.holds(key) or emu.broker.ledger.released_reason(key):
             raise ApiError(400, f"bootstrap_room: {room} is already in use", "bootstrap_room")
+        emu.timeline.mark(key, "prefill_in", seed=req.seed)
         await emu.run_prefill(request, g, req.prompt_tokens)
+        emu.timeline.mark(key, "prefill_done")
         emu.broker.issue(key, {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens,
                                "prefill_dp_rank": g}, req.prompt_tokens, g)
         emu.counters.internal_id[rid] = key
@@ -159,6 +161,7 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         except ApiError:
             emu.broker.abort(key)  # the client left: SGLang aborts the request
             raise
+        emu.timeline.mark(key, "kv_released")
         if reason == "expired":
             raise ApiError(500, f"bootstrap_room {room}: no decode server took the KV within "
                                 f"{cfg.ttl_s:g} s (bootstrap timeout)")
@@ -175,13 +178,15 @@ def build_app(emu: Emulator, rank: int | None = None) -> FastAPI:
         src = _int_field(body, "disagg_prefill_dp_rank", 0, 2**31)
         presented = {"bootstrap_room": room, "prompt_tokens": req.prompt_tokens,
                      "prefill_dp_rank": src}
+        emu.timeline.mark(str(room), "decode_in", seed=req.seed, rank=g)
         await emu.pull_from_twin(host, port, str(room), presented, cfg.wait_s)
+        emu.timeline.mark(str(room), "kv_ready")
         emu.counters.kv_pulls[g] += 1
         emu.counters.prompt_tokens[g] += req.prompt_tokens
         ext = str(body.get("rid") or emu.new_id("cmpl"))
         rid = ext if emu.core.rank_of(ext) is None else emu.new_id(ext)
         emu.counters.internal_id[ext] = rid
-        return await emu.decode_response(request, rid, ext, g, req)
+        return await emu.decode_response(request, rid, ext, g, req, mark_key=str(room))
 
     add_completion_routes(app, cfg.role, prefill, decode)
 

@@ -5,6 +5,8 @@ Created lazily inside the actors that record them (metrics need a connected Ray 
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,42 @@ from br_serve.core.calibration import Coefficients
 _MS_BOUNDS: list[float] = [1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000,
                            5000, 10000]
 _TOKEN_BOUNDS: list[float] = [1, 1e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6]
+
+
+class RequestTimeline:
+    """Wall-clock (Unix s) marks of requests' hops inside one actor, by request id
+    (the scheduler: ``arrival`` at the ingress, ``pool_in``, ``bound`` with its
+    ``replica``; a decode replica: ``admit_in``, ``kv_pulled``, ``installed``), plus
+    the request's ``seed`` (a client's join key). The first mark of a name wins. The
+    ``limit`` most recently first-marked requests are kept: a new one evicts the oldest
+    (counted in ``dropped``), so a long-running graph stays bounded and always shows its
+    latest requests. Read with the actors' ``timeline()`` RPC. Marks may come from
+    several threads (a replica's step thread and its event loop)."""
+
+    def __init__(self, limit: int = 20_000) -> None:
+        self.limit = limit
+        self.marks: dict[str, dict[str, float]] = {}
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def mark(self, request_id: str, name: str, at_s: float | None = None,
+             **extra: float) -> None:
+        t = time.time() if at_s is None else at_s
+        with self._lock:
+            row = self.marks.get(request_id)
+            if row is None:
+                if len(self.marks) >= self.limit:  # dicts keep insertion order
+                    del self.marks[next(iter(self.marks))]
+                    self.dropped += 1
+                row = self.marks[request_id] = {}
+            row.setdefault(name, t)
+            for k, v in extra.items():
+                row.setdefault(k, v)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"marks": {k: dict(v) for k, v in self.marks.items()},
+                    "dropped": self.dropped}
 
 
 class SchedulerMetrics:

@@ -60,6 +60,22 @@ def test_tokens_equal_max_tokens_and_the_prefill_answers_after_the_pull(pd: Any)
     assert "s-1" in stats(d)["ranks"][1]["admitted"]
 
 
+def test_timeline_marks_each_hop_in_order_with_the_seed(pd: Any) -> None:
+    p, d = pd
+    b = boot(p)
+
+    async def go() -> None:
+        async with RemoteEngineClient() as c:
+            await sglang_pd(c, p.url, d.url, b, body("gamma delta", 4, seed=77), "s-tl", 0)
+    asyncio.run(go())
+    pm = httpx.get(p.url + "/emulator/timeline").json()["marks"][str(b.room)]
+    dm = httpx.get(d.url + "/emulator/timeline").json()["marks"][str(b.room)]
+    assert pm["seed"] == dm["seed"] == 77 and dm["rank"] == 0
+    assert pm["prefill_in"] <= pm["prefill_done"] <= pm["kv_released"]
+    assert dm["decode_in"] <= dm["kv_ready"] <= dm["first_token"]
+    assert pm["prefill_done"] <= dm["kv_ready"]
+
+
 @pytest.mark.slow
 def test_hundred_concurrent_requests_pinned_and_released_exactly_once(pd: Any) -> None:
     p, d = pd

@@ -113,3 +113,22 @@ def test_the_configured_model_is_the_prior() -> None:
     assert c.a_s_per_token.tolist() == pytest.approx([5e-7, 1e-6])
     assert c.b_s.tolist() == pytest.approx([0.03, 0.06])
     assert c.c_s_per_request.tolist() == pytest.approx([0.0, 2e-3])
+
+
+def test_request_timeline_first_mark_wins_keeps_the_latest_and_snapshot_is_a_copy() -> None:
+    from br_serve.serve.metrics import RequestTimeline
+
+    tl = RequestTimeline(limit=2)
+    tl.mark("a", "pool_in", seed=7)
+    tl.mark("a", "pool_in", at_s=1.0, seed=8)  # a second mark of a name is ignored
+    tl.mark("a", "arrival", at_s=5.0)
+    tl.mark("b", "bound", replica=3)
+    a = tl.snapshot()["marks"]["a"]
+    assert a["seed"] == 7 and a["arrival"] == 5.0 and a["pool_in"] > 1e9
+    tl.mark("c", "bound")  # over the limit: the oldest request ("a") makes room
+    tl.mark("b", "installed")  # a kept request still takes marks
+    snap = tl.snapshot()
+    assert list(snap["marks"]) == ["b", "c"] and snap["dropped"] == 1
+    assert snap["marks"]["b"]["replica"] == 3 and "installed" in snap["marks"]["b"]
+    snap["marks"]["b"]["x"] = 1.0
+    assert "x" not in tl.snapshot()["marks"]["b"]

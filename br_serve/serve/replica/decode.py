@@ -54,6 +54,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from br_serve.engine.base import DecodeEngine
+from br_serve.serve.metrics import RequestTimeline
 from br_serve.serve.replica.barrier import Barrier, BarrierError, open_store
 from br_serve.serve.replica.core import Outgoing, ReplicaCore
 from br_serve.serve.wire.channel import ChannelSpec, OwnerChannels, ReportPusher, encode_report
@@ -97,6 +98,7 @@ class DecodeReplica:
         self._wake_step = threading.Condition(self._lock)
         #: the decisions (under ``_lock``); rank 0's reports carry every member's step
         #: compute time only when the scheduler calibrates step costs online
+        self._timeline = RequestTimeline()  # admission, KV pull, install per request
         self.core = ReplicaCore(index, self.incarnation, cfg.places_per_replica(),
                                 with_compute=cfg.policy.needs().calibrated_step_costs)
         self._outbox: dict[str, list[WireEvent]] = collections.defaultdict(list)
@@ -155,12 +157,14 @@ class DecodeReplica:
     async def admit(self, item: Admission) -> AdmitReply:
         """Take ``item``: reserve a slot, pull its KV, queue it (see the module docstring)."""
         self._loop = asyncio.get_running_loop()
+        self._timeline.mark(item.request_id, "admit_in")
         with self._lock:
             refused = self.core.accept(item)
         if refused is not None:
             return refused
         try:
             kv = await self.lease.pull(item.kv)
+            self._timeline.mark(item.request_id, "kv_pulled")
         except TransportError as exc:  # KV lost: the request cannot run here
             with self._lock:
                 out, reply = self.core.pull_failed(item, str(exc))
@@ -220,6 +224,10 @@ class DecodeReplica:
     def _take_events(self, owner: str) -> list[WireEvent]:
         with self._lock:
             return self._outbox.pop(owner, [])
+
+    async def timeline(self) -> dict[str, Any]:
+        """Each request's admission, KV pull and install time (:class:`RequestTimeline`)."""
+        return self._timeline.snapshot()
 
     async def proc_stats(self) -> dict[str, float]:
         """This process's CPU seconds, the steps run so far, the owners whose events go
@@ -384,6 +392,7 @@ class DecodeReplica:
         for rid in aborts:
             self.engine.abort(rid)
         for a, kv in installs:
+            self._timeline.mark(a.request_id, "installed")
             try:
                 self.engine.admit(a.request_id, kv, a.prompt_tokens, a.first_token_id,
                                   a.params)

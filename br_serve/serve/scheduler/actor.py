@@ -81,6 +81,9 @@ class Scheduler(SchedulerIO):
         await self._ensure_ready()
         status = self.core.submit(entry)
         if status == "queued":
+            seed = entry.params.seed if entry.params.seed is not None else -1
+            self._timeline.mark(entry.request_id, "pool_in", seed=seed)
+            self._timeline.mark(entry.request_id, "arrival", at_s=entry.arrival_s)
             self._wake_tick()
         return status
 
@@ -174,6 +177,10 @@ class Scheduler(SchedulerIO):
         return {"policy": self.cfg.policy.name, "predictor": self.cfg.predictor.name,
                 "incarnation": self.incarnation, "reports_by_path": dict(self.reports_by_path),
                 **self.core.state()}
+
+    async def timeline(self) -> dict[str, Any]:
+        """Each request's pool entry and binding time (:class:`RequestTimeline`)."""
+        return self._timeline.snapshot()
 
     async def stats(self) -> dict[str, Any]:
         """Counters since the last :meth:`reset_stats` (see :class:`StepStats`)."""

@@ -33,6 +33,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from br_serve.serve.config import GraphConfig
+from br_serve.serve.metrics import RequestTimeline
 from br_serve.serve.scheduler.core import Dispatch, SchedulerCore
 from br_serve.serve.wire.channel import ChannelServer, ChannelSpec, decode_reports
 from br_serve.serve.wire.messages import AdmitReply, ReplicaReport
@@ -76,6 +77,7 @@ class SchedulerIO:
         #: reports received by path: the report channel, a Ray ``report`` call, and the
         #: pulls of ``DecodeReplica.report`` when (re)starting (``/v1/br/state``)
         self.reports_by_path = {"channel": 0, "ray": 0, "pull": 0}
+        self._timeline = RequestTimeline()  # pool entry and binding time per request
 
     def _on_report(self, rep: ReplicaReport) -> None:
         raise NotImplementedError  # the Scheduler's
@@ -297,6 +299,7 @@ class SchedulerIO:
     # -- dispatch ---------------------------------------------------------------------
     def _send(self, dispatches: list[Dispatch]) -> None:
         for d in dispatches:
+            self._timeline.mark(d.admission.request_id, "bound", replica=d.replica)
             ref = self.decode[d.replica].admit.remote(d.admission)
             self._spawn(self._confirm(d, ref))
 
