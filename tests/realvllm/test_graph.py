@@ -200,15 +200,24 @@ def test_client_disconnect_ends_the_engine_request_and_frees_the_prefill(
     # 400 tokens (of the 512 context): the engine is still decoding when the client goes
     body = {"prompt": _prompt(graph.layout, 5), "max_tokens": 400, "ignore_eos": True,
             "stream": True}
-    with httpx.stream("POST", f"{graph.base}/v1/completions", json=body, timeout=300) as r:
-        assert r.status_code == 200
-        tokens = 0
-        for line in r.iter_lines():
-            tokens += line.startswith("data: {")
-            if tokens >= 3:
-                break
-        running = sum(s.metric("vllm:num_requests_running") for s in servers)
-    assert tokens >= 3 and running >= 1, (tokens, running)
+    # The tiny model decodes fast: on a loaded host the graph's
+    # first events can come after the engine finished, and then no client left a running
+    # request: try again (a new prompt), at most 3 times.
+    seen: list[tuple[int, float]] = []
+    for i in (5, 4, 9):  # prompt numbers no other request of this layout uses
+        with httpx.stream("POST", f"{graph.base}/v1/completions", timeout=300,
+                          json={**body, "prompt": _prompt(graph.layout, i)}) as r:
+            assert r.status_code == 200
+            tokens = 0
+            for line in r.iter_lines():
+                tokens += line.startswith("data: {")
+                if tokens >= 1:
+                    break
+            running = sum(s.metric("vllm:num_requests_running") for s in servers)
+        seen.append((tokens, running))
+        if tokens >= 1 and running >= 1:
+            break
+    assert seen[-1][0] >= 1 and seen[-1][1] >= 1, f"(events, running) per attempt: {seen}"
     # and clients that leave at once, some before their prefill is done
     for i in range(3):
         with httpx.stream("POST", f"{graph.base}/v1/completions", timeout=300,
