@@ -190,6 +190,29 @@ class World:
         self.replicas[g] = new
         self.core.mark_alive(g, new.incarnation)
 
+    # -- one drawn operation (the hypothesis tests' interleavings) --------------------
+    def apply(self, op: str, k: int) -> None:
+        """Do ``op`` (one of :data:`OPS`) with the drawn number ``k``; an op with nothing
+        to act on (no call in flight, ...) does nothing."""
+        if op == "submit":
+            self.submit(k)
+        elif op == "tick":
+            self.tick()
+        elif op == "call" and self.calls:
+            self.deliver_call(k)
+        elif op in ("pull_ok", "pull_fail") and self.pulls:
+            self.deliver_pull(k, ok=op == "pull_ok")
+        elif op == "reply" and self.replies:
+            self.deliver_reply(k)
+        elif op == "step":
+            self.step(k)
+        elif op == "report" and any(self.reports.values()):
+            self.deliver_report(k)
+        elif op == "cancel" and self.live:
+            self.cancel(k)
+        elif op == "kill" and k % 4 == 0:
+            self.kill(k)
+
     # -- end ------------------------------------------------------------------------
     def drain(self) -> None:
         for _ in range(200):
@@ -224,24 +247,7 @@ def test_every_slot_is_free_after_everything_finishes(policy: str, replicas: int
                                                       ops: list[tuple[str, int]]) -> None:
     w = World(replicas, policy)
     for op, k in ops:
-        if op == "submit":
-            w.submit(k)
-        elif op == "tick":
-            w.tick()
-        elif op == "call" and w.calls:
-            w.deliver_call(k)
-        elif op in ("pull_ok", "pull_fail") and w.pulls:
-            w.deliver_pull(k, ok=op == "pull_ok")
-        elif op == "reply" and w.replies:
-            w.deliver_reply(k)
-        elif op == "step":
-            w.step(k)
-        elif op == "report" and any(w.reports.values()):
-            w.deliver_report(k)
-        elif op == "cancel" and w.live:
-            w.cancel(k)
-        elif op == "kill" and k % 4 == 0:
-            w.kill(k)
+        w.apply(op, k)
     w.drain()
     core = w.core
     assert core.mirror.state.running_requests().sum() == 0, core.state()

@@ -81,24 +81,7 @@ def test_with_an_engine_queue_every_slot_is_free_after_everything_finishes(
     w = World(replicas, "br0")
     w.core.mirror.engine_slots = 1  # as SchedulerCore(..., engine_slots=1) builds it
     for op, k in ops:
-        if op == "submit":
-            w.submit(k)
-        elif op == "tick":
-            w.tick()
-        elif op == "call" and w.calls:
-            w.deliver_call(k)
-        elif op in ("pull_ok", "pull_fail") and w.pulls:
-            w.deliver_pull(k, ok=op == "pull_ok")
-        elif op == "reply" and w.replies:
-            w.deliver_reply(k)
-        elif op == "step":
-            w.step(k)
-        elif op == "report" and any(w.reports.values()):
-            w.deliver_report(k)
-        elif op == "cancel" and w.live:
-            w.cancel(k)
-        elif op == "kill" and k % 4 == 0:
-            w.kill(k)
+        w.apply(op, k)
         snap = w.core.mirror.snapshot(detail=False)
         assert snap.queued_requests is not None and snap.queued_tokens is not None
         assert (snap.running_requests - snap.queued_requests <= 1).all()
