@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -231,7 +232,7 @@ def engine_lag(durl: str, since: int) -> dict[str, float] | None:
     modelled = sum(r[2] for r in busy)
     # between two busy steps: wall time beyond the step's modelled duration; the part the
     # loop did not count as late is time with nothing to run (waiting for work or KV)
-    gaps = [(b[1] - a[1] - b[2], b[3]) for a, b in zip(busy, busy[1:], strict=False)]
+    gaps = [(b[1] - a[1] - b[2], b[3]) for a, b in itertools.pairwise(busy)]
     return {"steps": len(busy), "span_s": span, "modelled_s": modelled,
             "lag_s": span - modelled, "late_s": sum(r[3] for r in busy),
             "idle_s": sum(max(0.0, g - late) for g, late in gaps),
