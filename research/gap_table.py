@@ -86,7 +86,8 @@ def lag_tables(runs: list[dict[str, Any]], protocol: str, arms: Any,
         rest: set[str] = set()
         for r in rs:
             for role, v in r["measured"].get("affinity", {}).get("roles", {}).items():
-                (emu if role.startswith("emulator") else rest).update(v["cpus_allowed"])
+                if role != "?":  # a process without a command line: one exiting
+                    (emu if role.startswith("emulator") else rest).update(v["cpus_allowed"])
         print(f"| {arm} | {_f(_m(rs, 'engine_lag', 'steps'), p=0)} | "
               f"{_f(_m(rs, 'engine_lag', 'span_s'), p=2)} | "
               f"{_f(_m(rs, 'engine_lag', 'modelled_s'), p=2)} | "

@@ -72,7 +72,7 @@ def descendants(root: int) -> list[int]:
 
 def role(cmd: list[str]) -> str:
     """A short name for the process of command line ``cmd``."""
-    if not cmd:
+    if not cmd:  # an exiting (zombie) process: its pid tells which it was
         return "?"
     if "emulate-engine" in cmd and "--role" in cmd:
         return "emulator:" + cmd[cmd.index("--role") + 1]
