@@ -37,7 +37,13 @@ from br_serve.bench.remote_engines import REMOTE_MODEL, engine_processes, engine
 from br_serve.bench.serve_bench import _measure_graph, _replay
 from br_serve.serve.cli import free_port, start_ray, stop_ray
 from br_serve.serve.config import parse_graph_config
-from research import pinning
+
+# run as a script (``python research/gap_bench.py``, as the older manifest commands do),
+# the script's folder is on the import path and the package is not
+try:
+    from research import pinning
+except ModuleNotFoundError:
+    import pinning  # type: ignore[no-redef]
 
 ROUTER = {"sglang": "smg:round_robin", "vllm": "vllm-router:round_robin"}
 METRICS = (("output_tok_s",), ("tpot_p50_ms",), ("tpot_p95_ms",), ("ttft_p50_ms",),
