@@ -95,12 +95,13 @@ def lag_tables(runs: list[dict[str, Any]], protocol: str, arms: Any,
               f"({_f(_m(rs, 'engine_lag', 'late_s'), p=2)} / "
               f"{_f(_m(rs, 'engine_lag', 'idle_s'), p=2)}) | "
               f"{','.join(sorted(emu)) or '-'}; {','.join(sorted(rest)) or '-'} |")
-    print("\n| arm | vs | lag s, paired difference | span s, paired difference |")
-    print("|---|---|---|---|")
+    keys = ("span_s", "lag_s", "late_s", "idle_s")
+    print("\n| arm | vs | paired differences, s: " + " | ".join(keys) + " |")
+    print("|---|---|" + "---|" * len(keys))
     for p, arm, vs in gains:
         if p == protocol:
-            d = [_diff(runs, protocol, arm, vs, "engine_lag", k) for k in ("lag_s", "span_s")]
-            print(f"| {arm} | {vs} | {_d(d[0])} | {_d(d[1])} |")
+            d = [_diff(runs, protocol, arm, vs, "engine_lag", k) for k in keys]
+            print(f"| {arm} | {vs} | " + " | ".join(_d(x) for x in d) + " |")
 
 
 def _d(g: dict[str, Any] | None) -> str:
