@@ -85,6 +85,9 @@ def main() -> int:
                     help="with pinning: every arm also unpinned, in the same window")
     ap.add_argument("--out", default="results/peers/gap_servegen_g4.json")
     args = ap.parse_args()
+    # the code that runs: HEAD at the start (a commit made while the bench runs is not it)
+    args.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                 capture_output=True, text=True).stdout.strip()
     if bool(args.engine_cpus) != bool(args.router_cpus):
         ap.error("--engine-cpus and --router-cpus go together")
     if args.also_shared and not args.engine_cpus:
@@ -273,8 +276,7 @@ def write(args: argparse.Namespace, base: Any, depths: list[int], pols: list[str
                 "/".join(path): peers_report.gain(rows, protocol, "saturated", 1.0,
                                                   arm.label, ref, path)
                 for path in (*METRICS, *LAG)}})
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = args.commit
     result = {"config": {"trace": args.trace, "windows": args.windows,
                          "window": args.window, "max_output": args.max_output,
                          "max_prompt": args.max_prompt, "graph": base.model_dump(
