@@ -1,5 +1,6 @@
 """Research: the markdown tables of a ``research/gap_bench.py`` result (docs/peers.md,
-"The graph's slot turnover").
+"The graph's slot turnover"); for runs with ``--engine-cpus`` / ``--router-cpus`` also
+the emulator's lag behind its step model and the CPUs each side was allowed.
 
     python research/gap_table.py results/peers/gap_servegen_g4.json
 """
@@ -67,6 +68,65 @@ def main(path: str) -> None:
                 print(f"| {arm} | {vs} | {_g(g['output_tok_s'])} | {_g(g['tpot_p95_ms'])} | "
                       f"{_g(g['ttft_p50_ms'])} | {_g(g['ttft_p95_ms'])} | {_g(eng[0])} | "
                       f"{_g(eng[1])} |")
+        if any("engine_lag" in r["measured"] for r in runs):
+            lag_tables(runs, protocol, arms, gains)
+
+
+def lag_tables(runs: list[dict[str, Any]], protocol: str, arms: Any,
+               gains: dict[tuple[str, str, str], Any]) -> None:
+    """The emulator's lag behind its step model per arm, the paired differences of the
+    gains' pairs (seconds) and the CPUs each role was allowed (runs of
+    ``gap_bench.py --engine-cpus/--router-cpus``)."""
+    print("\n| arm | engine busy steps | span s | modelled s | lag s (late / idle) | "
+          "CPUs allowed: emulators; router side |")
+    print("|---|---|---|---|---|---|")
+    for arm in arms:
+        rs = [r for r in runs if r["protocol"] == protocol and r["arm"] == arm]
+        emu: set[str] = set()
+        rest: set[str] = set()
+        for r in rs:
+            for role, v in r["measured"].get("affinity", {}).get("roles", {}).items():
+                if role != "?":  # a process without a command line: one exiting
+                    (emu if role.startswith("emulator") else rest).update(v["cpus_allowed"])
+        print(f"| {arm} | {_f(_m(rs, 'engine_lag', 'steps'), p=0)} | "
+              f"{_f(_m(rs, 'engine_lag', 'span_s'), p=2)} | "
+              f"{_f(_m(rs, 'engine_lag', 'modelled_s'), p=2)} | "
+              f"{_f(_m(rs, 'engine_lag', 'lag_s'), p=2)} "
+              f"({_f(_m(rs, 'engine_lag', 'late_s'), p=2)} / "
+              f"{_f(_m(rs, 'engine_lag', 'idle_s'), p=2)}) | "
+              f"{','.join(sorted(emu)) or '-'}; {','.join(sorted(rest)) or '-'} |")
+    keys = ("span_s", "lag_s", "late_s", "idle_s")
+    print("\n| arm | vs | paired differences, s: " + " | ".join(keys) + " |")
+    print("|---|---|" + "---|" * len(keys))
+    for p, arm, vs in gains:
+        if p == protocol:
+            d = [_diff(runs, protocol, arm, vs, "engine_lag", k) for k in keys]
+            print(f"| {arm} | {vs} | " + " | ".join(_d(x) for x in d) + " |")
+
+
+def _d(g: dict[str, Any] | None) -> str:
+    if not g:
+        return "-"
+    ci = g.get("ci95")
+    return f"{g['mean']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + \
+        f" (n={g['n']})"
+
+
+def _diff(runs: list[dict[str, Any]], protocol: str, arm: str, ref: str, *path: str
+          ) -> dict[str, Any] | None:
+    """The paired absolute difference of ``path`` (arm - ref, per window)."""
+    from br_serve.sim.stats import paired
+
+    def by(label: str) -> dict[int, float]:
+        return {r["window"]: v for r in runs if r["protocol"] == protocol
+                and r["arm"] == label and (v := _m([r], *path)) is not None}
+
+    a, b = by(arm), by(ref)
+    xs = [a[w] - b[w] for w in sorted(a) if w in b]
+    if not xs:
+        return None
+    p = paired(xs)
+    return {"mean": p.mean, "ci95": p.ci95, "n": p.n}
 
 
 def _paired(runs: list[dict[str, Any]], protocol: str, arm: str, ref: str, *path: str
