@@ -23,7 +23,8 @@ from typing import Any
 DEFAULT = "br0"
 YARDSTICK = "brh+oracle"
 # the default-change candidates of benchmarks/capacity_table.sh, against br0 in the same cell
-CANDIDATES = {"br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
+CANDIDATES = {"prev": "ttft_budget_s=None (the previous default: 2 x FCFS + 30 s only)",
+              "br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
               "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks",
               "br0-dyntralb-bound": "+ DyntraLB, queued_load=bound",
               "br0-ttft5-hold5": "ttft_budget_s=5 + hold_budget_ms=5000",
@@ -31,11 +32,15 @@ CANDIDATES = {"br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000"
               "br0-s5": "max_wait_beyond_fcfs_s=5 (2 x FCFS + 5 s)",
               "br0-f3s5": "fcfs_wait_factor=3, max_wait_beyond_fcfs_s=5"}
 # cells measured under an earlier br0 fairness default (the current one is pool wait <= 2 x
-# the FCFS wait + 30 s), by file name prefix: results/capacity/earlier-2x120-* under 2 x the
-# FCFS wait + 120 s; results/capacity/earlier-*, the results page's and the field's first
-# look under 30 s beyond the FCFS wait (factor 1)
+# the FCFS wait + 30 s plus the 5 s TTFT budget for online work), by file name prefix:
+# results/capacity/earlier-2x30-* under 2 x the FCFS wait + 30 s alone; earlier-2x120-* under
+# 2 x the FCFS wait + 120 s; results/capacity/earlier-*, the results page's and the field's
+# first look under 30 s beyond the FCFS wait (factor 1)
 EARLIER = " [br0: earlier default, 30 s beyond FCFS]"
 EARLIER_2X120 = " [br0: earlier default, 2 x FCFS + 120 s]"
+EARLIER_2X30 = " [br0: earlier default, 2 x FCFS + 30 s, no TTFT budget]"
+PREFIXES = (("earlier-2x30-", EARLIER_2X30), ("earlier-2x120-", EARLIER_2X120),
+            ("earlier-", EARLIER))
 HEAD = "## Capacity at a latency SLO: the field's rules, the default, a clairvoyant yardstick"
 NEXT = "## The paper's numbers"
 
@@ -59,11 +64,12 @@ def _cells(root: Path) -> list[tuple[str, str, dict[str, Any]]]:
            if p.name != "manifest.json"]
     # results/capacity/earlier-*.json: measured with an earlier br0 default, kept as measured
     now = [c for c in cap if not c[0].startswith("earlier-")]
-    mid = [(n.removeprefix("earlier-2x120-") + EARLIER_2X120, f, d) for n, f, d in cap
-           if n.startswith("earlier-2x120-")]
-    old = [(n.removeprefix("earlier-") + EARLIER, f, d) for n, f, d in cap
-           if n.startswith("earlier-") and not n.startswith("earlier-2x120-")]
-    return now + mid + old + out
+    before: list[tuple[str, str, dict[str, Any]]] = []
+    for prefix, mark in PREFIXES:
+        before += [(n.removeprefix(prefix) + mark, f, d) for n, f, d in cap
+                   if n.startswith(prefix) and not any(
+                       n.startswith(p) for p, _ in PREFIXES[:PREFIXES.index((prefix, mark))])]
+    return now + before + out
 
 
 def _window(doc: dict[str, Any]) -> str:
@@ -112,7 +118,8 @@ def _f(v: Any, fmt: str) -> str:
 def _summary(name: str, src: str, doc: dict[str, Any]) -> tuple[str, list[str]]:
     runs = {r["label"]: r for r in doc["runs"]}
     tol = float(doc["bracket"]["rel_tol"])
-    field = [r for k, r in runs.items() if not k.startswith(("br0", "brh"))]
+    field = [r for k, r in runs.items()
+             if not k.startswith(("br0", "brh")) and k not in CANDIDATES]
     # a cell of br0 variants only (an idea against the default): compare with br0
     best = max(field or [runs[DEFAULT]], key=lambda r: r["capacity_req_s"])
     b = best["capacity_req_s"]

@@ -27,8 +27,14 @@ proportional to the FCFS wait scales with the depth of the pool by itself, so th
 same rule serves a deep pool (mostly BalanceRoute's order) and a shallow one (the FCFS
 wait is near 0 and the slack is the bound); the user need not know which they have.
 
-**TTFT budget** (``ttft_budget_s``, off by default): the request arrived (before its
-prefill) this many seconds ago; for latency-bound, shallow-pool deployments.
+**TTFT budget** (``ttft_budget_s``): the request arrived (before its prefill) this many
+seconds ago. With ``ttft_backlog_s`` set it binds only a request whose FCFS turn came
+within that many seconds of its arrival: online traffic, where FCFS would have started
+it soon and a latency SLO is at stake. A request FCFS would have kept waiting longer is
+backlog work (a deep pool, where every request misses a small budget under FCFS too);
+only the relative rule binds it, so a backlog keeps BalanceRoute's order. Without
+``ttft_backlog_s`` the budget binds every request (a deep pool then degenerates to FCFS
+order once its requests pass the budget).
 
 Deadlines grow along the pool's FCFS order when requests enter in one batch (a
 saturated pool) or with ``factor = 1``; otherwise a later entry can fall due first and
@@ -57,6 +63,7 @@ class AgeingRule:
     soft_share: float = 0.5
     soft_scan: int = 64
     fcfs_wait_factor: float = 1.0
+    ttft_backlog_s: float | None = None
 
 
 def _share(waited_s: float, budget_s: float) -> float:
@@ -106,16 +113,17 @@ class Ageing:
         soft_left = r.soft_scan
         factor = r.fcfs_wait_factor
         look = r.soft_scan if factor != 1.0 else 0  # deadlines may not grow along FCFS
+        backlog = r.ttft_backlog_s
         for req, rank, _overtaken in pool.fcfs_ranks():
-            if ttft is None and released <= rank:
+            if (ttft is None or backlog is not None) and released <= rank:
                 return  # its FCFS turn has not come, nor that of any later entry
             wait = -1.0  # the largest share of a budget the request has used
-            if fcfs is not None and released > rank:
-                turn = self.released_at(rank + 1)
-                if turn is not None:
-                    base = req.enqueued_s + factor * (turn - req.enqueued_s)
-                    wait = _share(now_s - base, fcfs)
-            if ttft is not None:
+            turn = self.released_at(rank + 1) if released > rank else None
+            if fcfs is not None and turn is not None:
+                base = req.enqueued_s + factor * (turn - req.enqueued_s)
+                wait = _share(now_s - base, fcfs)
+            if ttft is not None and (backlog is None or (
+                    turn is not None and turn - req.arrival_s <= backlog)):
                 wait = max(wait, _share(now_s - req.arrival_s, ttft))
             if wait >= 1.0:
                 yield req, True

@@ -47,6 +47,7 @@ METRICS = (
     "tick_p50_us", "tick_p99_us", "dyntralb_waiting_share",
     "fcfs_replay_delay_s_p99", "fcfs_replay_delay_s_max",
     "fcfs_rule_excess_s_p99", "fcfs_rule_excess_s_max",
+    "pace_rule_excess_s_p99", "pace_rule_excess_s_max",
 )
 
 #: the fairness rule reported against the baseline's replay of the same window

@@ -24,6 +24,15 @@ request's first decode step):
 
 The counterfactual slot times are the run's own (an FCFS run would have freed slots at
 other times), so this measures reordering, not a different schedule's latency.
+
+The stated fairness rule on the same clock (``pace_rule_excess_s``, docs/core.md,
+"Fairness"): with ``e`` the request's pool entry, its pool wait ``T_q - e`` against
+``PACE_RULE_FACTOR`` x the pool wait FCFS would have given it at the run's own pace,
+``max(0, T_p - e)``: ``excess = (T_q - e) - factor x max(0, T_p - e)``. The rule
+"pool wait <= factor x FCFS pool wait + slack" holds for a request where its excess is
+<= the slack. This is the clock BalanceRoute's ageing keeps online
+(:mod:`br_serve.core.ageing`); the pairing against a real FCFS replay is
+``fcfs_rule_excess_s`` (:mod:`br_serve.sim.ensemble`).
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
+
+#: the factor of the stated fairness rule (the default ``fcfs_wait_factor``)
+PACE_RULE_FACTOR = 2.0
 
 
 class StepColumns(Protocol):
@@ -60,6 +72,8 @@ class RunRecord(Protocol):
     def admit_step(self) -> np.ndarray: ...
     @property
     def enqueue_order(self) -> np.ndarray | None: ...
+    @property
+    def enqueue_s(self) -> np.ndarray: ...
     def step_end_s(self) -> np.ndarray: ...
 
 
@@ -119,17 +133,48 @@ def wait_beyond_fcfs(res: RunRecord) -> tuple[np.ndarray, np.ndarray]:
     return ranks, secs
 
 
-def wait_summary(ranks: np.ndarray, secs: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
-    """P50 / P99 / max of the wait beyond FCFS over the requests in ``mask``."""
+def pace_rule_excess(res: RunRecord, factor: float = PACE_RULE_FACTOR) -> np.ndarray:
+    """Per request, seconds: pool wait - ``factor`` x its FCFS pool wait at the run's own
+    pace (module docstring); NaN for a request never admitted or never in the pool."""
+    n = res.admit_step.shape[0]
+    out = np.full(n, np.nan)
+    order = res.enqueue_order
+    if order is None or n == 0:
+        return out
+    ok = (res.admit_step >= 0) & (order >= 0)
+    idx = np.flatnonzero(ok)
+    if idx.size == 0:
+        return out
+    starts = step_start_s(res)
+    t_own = starts[np.minimum(res.admit_step[idx], starts.shape[0] - 1)]
+    t_sorted = np.sort(t_own)  # the run's j-th admission at t_sorted[j]
+    p = order[idx]
+    have = p < idx.size
+    sel = idx[have]
+    e = np.asarray(res.enqueue_s, dtype=np.float64)[sel]
+    fcfs_wait = np.maximum(0.0, t_sorted[p[have]] - e)
+    out[sel] = (t_own[have] - e) - factor * fcfs_wait
+    return out
+
+
+def wait_summary(ranks: np.ndarray, secs: np.ndarray, mask: np.ndarray,
+                 excess: np.ndarray | None = None) -> dict[str, Any]:
+    """P50 / P99 / max of the wait beyond FCFS over the requests in ``mask`` (and P99 /
+    max of the stated rule's excess on the same clock, given :func:`pace_rule_excess`)."""
     r = ranks[mask & (ranks >= 0)]
     s = secs[mask & np.isfinite(secs)]
 
     def pct(x: np.ndarray, q: float) -> float | None:
         return float(np.percentile(x, q)) if x.size else None
 
-    return {
+    out = {
         "wait_beyond_fcfs_s_p50": pct(s, 50), "wait_beyond_fcfs_s_p99": pct(s, 99),
         "wait_beyond_fcfs_s_max": float(s.max()) if s.size else None,
         "wait_beyond_fcfs_ranks_p50": pct(r, 50), "wait_beyond_fcfs_ranks_p99": pct(r, 99),
         "wait_beyond_fcfs_ranks_max": int(r.max()) if r.size else None,
     }
+    if excess is not None:
+        x = excess[mask & np.isfinite(excess)]
+        out.update(pace_rule_excess_s_p99=pct(x, 99),
+                   pace_rule_excess_s_max=float(x.max()) if x.size else None)
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from br_serve.sim.config import SimConfig
-from br_serve.sim.metrics import efficiency, wait_beyond_fcfs, wait_summary
+from br_serve.sim.metrics import efficiency, pace_rule_excess, wait_beyond_fcfs, wait_summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +165,7 @@ class SimResult:
             "throughput_tok_s": head["throughput_tok_s"],
             "balanced_bound_tok_s": head["balanced_bound_tok_s"],
             **efficiency(s, 0, w),
-            **wait_summary(ranks, waits, admitted_in_win),
+            **wait_summary(ranks, waits, admitted_in_win, pace_rule_excess(self)),
             "tpot_p50_ms": _pct(tpot, 50, 1e3),
             "tpot_p95_ms": _pct(tpot, 95, 1e3),
             "ttft_p50_ms": _pct(ttft, 50, 1e3),

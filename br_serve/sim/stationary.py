@@ -45,7 +45,13 @@ from typing import Any
 import numpy as np
 
 from br_serve.sim.config import SimConfig, parse_sim_config
-from br_serve.sim.metrics import efficiency, step_start_s, wait_beyond_fcfs, wait_summary
+from br_serve.sim.metrics import (
+    efficiency,
+    pace_rule_excess,
+    step_start_s,
+    wait_beyond_fcfs,
+    wait_summary,
+)
 from br_serve.sim.result import SimResult
 
 
@@ -150,7 +156,7 @@ def stationary_summary(res: SimResult, spec: Stationary) -> dict[str, Any]:
         "tpot_p95_ms": _pct(tpot, 95, 1e3),
         "ttft_p50_ms": _pct(ttft, 50, 1e3),
         "ttft_p95_ms": _pct(ttft, 95, 1e3),
-        **wait_summary(ranks, waits, in_adm),
+        **wait_summary(ranks, waits, in_adm, pace_rule_excess(res)),
         **_representative(res, in_adm, int(((res.admit_step >= 0)
                                             & (res.admit_step < w0)).sum()),
                           spec.representative_tol),

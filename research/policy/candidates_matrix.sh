@@ -12,7 +12,7 @@ py=${PYTHON:-.venv/bin/python}
 mkdir -p "$out"
 # shellcheck source=research/policy/traces.sh
 . "$(dirname "$0")/traces.sh"
-pols="jsq,br0,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None)
+pols="jsq,br0,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None --policy-option off.ttft_budget_s=None)
 for c in ${CANDIDATES:-ttft5:ttft_budget_s=5}; do
   name=${c%%:*}; pols="$pols,$name=br0"
   IFS=, read -r -a kvs <<< "${c#*:}"

@@ -6,7 +6,9 @@ with ageing off (``off``), TTFT P95 relative to jsq's (paired, mean and interval
 the fairness realised against jsq's replay of the same window (jsq serves the pool in
 FCFS order): ``TTFT - 2 x TTFT_fcfs`` per request, its P99 per window (mean, interval,
 worst window) and its max over all windows. The rule "TTFT <= 2 x FCFS TTFT + slack"
-holds at P99 where the P99 excess is <= the slack.
+holds at P99 where the P99 excess is <= the slack. Beside it the same rule on the run's
+own release clock (``pace_rule_excess_s``, br_serve/sim/metrics.py: pool wait - 2 x the
+FCFS pool wait at the run's own pace), which is what the ageing rule keeps online.
 
     python research/policy/lead_assemble.py OUT_JSON MATRIX_DIR [MATRIX_DIR ...]
     (a cell's runs from several MATRIX_DIRs are merged, the first one's kept per label)
@@ -52,6 +54,11 @@ def cell(doc: dict[str, Any]) -> dict[str, Any]:
             "fcfs_rule_excess_s_max": max(mine[k]["fcfs_rule_excess_s_max"] for k in keys),
             "fcfs_replay_delay_s_p99": sum(mine[k]["fcfs_replay_delay_s_p99"]
                                            for k in keys) / len(keys)}
+        pace = [mine[k].get("pace_rule_excess_s_p99") for k in keys]
+        if all(x is not None for x in pace):  # runs made before the metric lack it
+            out[lab]["pace_rule_excess_s_p99"] = {**_stat(pace), "worst_window": max(pace)}
+            out[lab]["pace_rule_excess_s_max"] = max(mine[k]["pace_rule_excess_s_max"]
+                                                     for k in keys)
     off = out.get("off", {}).get("whole_run_gain", {}).get("mean")
     for row in out.values():
         row["ratio_to_off"] = row["whole_run_gain"]["mean"] / off if off else None
@@ -61,6 +68,11 @@ def cell(doc: dict[str, Any]) -> dict[str, Any]:
 def _ci(s: dict[str, Any], scale: float = 100.0, fmt: str = "+.1f") -> str:
     lo, hi = s["ci95"] or (float("nan"), float("nan"))
     return f"{scale * s['mean']:{fmt}} [{scale * lo:{fmt}}, {scale * hi:{fmt}}]"
+
+
+def _pace(r: dict[str, Any]) -> str:
+    x = r.get("pace_rule_excess_s_p99")
+    return "-" if x is None else f"{x['mean']:.0f} / {r['pace_rule_excess_s_max']:.0f}"
 
 
 def main() -> None:
@@ -81,8 +93,8 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"cells": cells}, indent=2))
     print("| cell | variant | whole-run gain vs jsq % | ratio to off | TTFT P95 vs jsq % | "
-          "TTFT - 2xFCFS P99 s (worst window) | max s |")
-    print("|---|---|---|---|---|---|---|")
+          "TTFT - 2xFCFS P99 s (worst window) | max s | own-clock excess P99 s / max |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, c in cells.items():
         for lab, r in c.items():
             ratio = r["ratio_to_off"]
@@ -90,7 +102,8 @@ def main() -> None:
             print(f"| {name} | {lab} | {_ci(r['whole_run_gain'])} | "
                   f"{'-' if ratio is None else f'{100 * ratio:.0f}%'} | "
                   f"{_ci(r['ttft_p95_vs_jsq'])} | {_ci(x, 1.0, '.0f')} "
-                  f"({x['worst_window']:.0f}) | {r['fcfs_rule_excess_s_max']:.0f} |")
+                  f"({x['worst_window']:.0f}) | {r['fcfs_rule_excess_s_max']:.0f} | "
+                  f"{_pace(r)} |")
 
 
 if __name__ == "__main__":

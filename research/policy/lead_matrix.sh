@@ -17,7 +17,7 @@ mkdir -p "$out"
 # start (lead:cold fields) were measured at commits 41c352e / bea9d20 and removed.
 VARIANTS=${VARIANTS:-"f2s120l0=2:120 f2s30l0=2:30"}
 if [ -n "${NO_OFF:-}" ]; then pols="jsq"; opts=(); else
-  pols="jsq,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None); fi
+  pols="jsq,off=br0"; opts=(--policy-option off.max_wait_beyond_fcfs_s=None --policy-option off.ttft_budget_s=None); fi
 for v in $VARIANTS; do
   name=${v%%=*}; IFS=: read -r f s <<< "${v#*=}"
   pols="$pols,$name=br0"

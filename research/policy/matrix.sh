@@ -17,6 +17,6 @@ for g in ${GS:-8 16}; do
       --replays 4 --replicas "$g" --jobs 2 --no-plots --out "$d" \
       --policies jsq,br0,abs30=br0,off=br0 \
       --policy-option abs30.fcfs_wait_factor=1 --policy-option abs30.max_wait_beyond_fcfs_s=30 \
-      --policy-option off.max_wait_beyond_fcfs_s=None > "$d.log" 2>&1 || echo "failed $d"
+      --policy-option off.max_wait_beyond_fcfs_s=None --policy-option off.ttft_budget_s=None > "$d.log" 2>&1 || echo "failed $d"
   done
 done

@@ -70,6 +70,26 @@ def test_ttft_budget_counts_from_arrival() -> None:
     assert _tick(ag, pool, 4.0, []) == [("r0", True), ("r1", True)]
 
 
+def test_ttft_budget_binds_only_where_fcfs_would_have_started_it_soon() -> None:
+    """With a backlog window the budget binds a request whose FCFS turn came within the
+    window of its arrival; one FCFS would have kept waiting longer is backlog work."""
+    ag = Ageing(AgeingRule(ttft_budget_s=4.0, soft_share=1.0, ttft_backlog_s=10.0))
+    pool = _pool([100, 200, 300, 400], arrival_s=0.0)
+    # before any release nobody's FCFS turn has come: the budget binds nobody yet
+    assert _tick(ag, pool, 5.0, []) == []
+    # release 1 at t = 6 (r3 taken): r0's turn came 6 s after its arrival, within 10 s
+    assert _tick(ag, pool, 6.0, ["r3"]) == []
+    assert _tick(ag, pool, 6.5, []) == [("r0", True)]
+    # release 2 at t = 12 (r2 taken): r1's turn came 12 s after arrival: backlog work,
+    # never bound by the budget however long it waits
+    assert _tick(ag, pool, 12.0, ["r2"]) == [("r0", True)]
+    assert _tick(ag, pool, 500.0, []) == [("r0", True)]
+    # without the window the budget binds every request past it, turn or not
+    ag_all = Ageing(AgeingRule(ttft_budget_s=4.0, soft_share=1.0))
+    assert _tick(ag_all, _pool([100, 200], arrival_s=0.0), 5.0, []) == [
+        ("r0", True), ("r1", True)]
+
+
 def test_every_rule_off_means_nobody_starves() -> None:
     ag = Ageing(AgeingRule())
     pool = _pool([100])
@@ -85,6 +105,7 @@ def test_a_late_request_is_placed_before_the_stages() -> None:
     cluster = ClusterSnapshot.build([1000, 100], [1, 1], 2)
     pool = _pool([9000, 10, 12, 14])
     pol = build_policy("br0", {"max_wait_beyond_fcfs_s": 30.0, "ageing_soft_share": 1.0,
+                               "ttft_budget_s": None,
                                "shallow_pool": False})
     first = pol.schedule(cluster, pool, 0.0, 0)
     assert "r0" not in [a.request_id for a in first.assignments] and first.aged == 0
@@ -102,7 +123,7 @@ def test_soft_late_request_goes_only_where_it_fills_well() -> None:
     # fill only 1/6 and is left to the stages.
     cluster = ClusterSnapshot.build([4000, 1000], [1, 1], 2)
     opts = {"max_wait_beyond_fcfs_s": 10.0, "ageing_soft_share": 0.25,
-            "ageing_soft_fill": 0.5, "shallow_pool": False}
+            "ageing_soft_fill": 0.5, "shallow_pool": False, "ttft_budget_s": None}
     for size, aged in ((2000, 1), (500, 0)):
         pool = _pool([size, 10, 20, 30])
         pol = build_policy("br0", opts)

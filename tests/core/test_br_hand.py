@@ -57,7 +57,8 @@ def test_aged_request_goes_first_to_best_replica() -> None:
     pool = PromptPool()
     pool.add(PoolRequest("old", 5000, arrival_s=0.0, enqueued_tick=0))
     pool.add(PoolRequest("new", 800, arrival_s=35.0, enqueued_tick=40))
-    rule = {"max_wait_beyond_fcfs_s": None, "shallow_pool": False, "ageing_soft_share": 1.0}
+    rule = {"max_wait_beyond_fcfs_s": None, "shallow_pool": False, "ageing_soft_share": 1.0,
+            "ttft_budget_backlog_s": None}
     starving = build_policy("br0", {**rule, "ttft_budget_s": 30.0})
     res = starving.schedule(cluster, pool, 40.0, 40)
     assert res.assignments[0].request_id == "old"

@@ -218,6 +218,7 @@ def test_a_starving_request_waits_for_a_replica_that_is_not_idled() -> None:
     pool.add(PoolRequest("old", 100, arrival_s=0.0, enqueued_s=0.0))
     pool.add(PoolRequest("new", 100, arrival_s=6.0, enqueued_s=6.0))
     pol = build_policy("br0", {"cost": "time", "ttft_budget_s": 5.0,
+                               "ttft_budget_backlog_s": None,
                                "idle_over_balanced": 0.1,
                                "straggler_prompt_quantile": None})
     assert pol.schedule(full, pool, 6.0, 0).assignments == ()

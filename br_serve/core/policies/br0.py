@@ -24,8 +24,9 @@ class TickOptions(Options):
 
     Fairness (:mod:`br_serve.core.ageing`): a pool request is placed first once its
     pool wait reaches ``fcfs_wait_factor`` x its FCFS pool wait +
-    ``max_wait_beyond_fcfs_s``, or it arrived ``ttft_budget_s`` ago. ``None`` turns a
-    rule off.
+    ``max_wait_beyond_fcfs_s``, or it arrived ``ttft_budget_s`` ago and is not backlog
+    work (its FCFS turn came within ``ttft_budget_backlog_s`` of its arrival). ``None``
+    turns a rule off.
     """
 
     s_greedy: int | None = option(
@@ -41,8 +42,12 @@ class TickOptions(Options):
         "wait (estimated online from the pool's release clock; 1: an absolute bound "
         "on the wait beyond FCFS)")
     ttft_budget_s: float | None = option(
-        None, ge=0, doc="ageing: place a request first once it arrived this many seconds "
-        "ago (None: off; every request of a deep pool exceeds a small budget)")
+        5.0, ge=0, doc="TTFT budget: place a request first once it arrived this many "
+        "seconds ago, if it is not backlog work (ttft_budget_backlog_s; None: off)")
+    ttft_budget_backlog_s: float | None = option(
+        15.0, ge=0, doc="the TTFT budget binds only a request whose FCFS turn (on the "
+        "pool's release clock) came within this many seconds of its arrival; later ones "
+        "are backlog work, bound by the relative rule only (None: it binds every request)")
     ageing_soft_share: float = option(
         0.25, ge=0, le=1, doc="fairness lead time: a request past this share of its "
         "slack (or TTFT budget) is placed first where it fits without overflow (1: off)")
@@ -62,7 +67,8 @@ class TickOptions(Options):
     def ageing_rule(self) -> AgeingRule:
         return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
                           soft_share=self.ageing_soft_share,
-                          fcfs_wait_factor=self.fcfs_wait_factor)
+                          fcfs_wait_factor=self.fcfs_wait_factor,
+                          ttft_backlog_s=self.ttft_budget_backlog_s)
 
 
 @dataclass(frozen=True, slots=True)
