@@ -54,8 +54,9 @@ def cell(doc: dict[str, Any]) -> dict[str, Any]:
             "fcfs_rule_excess_s_max": max(mine[k]["fcfs_rule_excess_s_max"] for k in keys),
             "fcfs_replay_delay_s_p99": sum(mine[k]["fcfs_replay_delay_s_p99"]
                                            for k in keys) / len(keys)}
-        pace = [mine[k].get("pace_rule_excess_s_p99") for k in keys]
-        if all(x is not None for x in pace):  # runs made before the metric lack it
+        got = [mine[k].get("pace_rule_excess_s_p99") for k in keys]
+        pace = [float(x) for x in got if x is not None]
+        if len(pace) == len(got):  # runs made before the metric lack it
             out[lab]["pace_rule_excess_s_p99"] = {**_stat(pace), "worst_window": max(pace)}
             out[lab]["pace_rule_excess_s_max"] = max(mine[k]["pace_rule_excess_s_max"]
                                                      for k in keys)
