@@ -27,6 +27,7 @@ CANDIDATES = {"prev": "ttft_budget_s=None (the previous default: 2 x FCFS + 30 s
               "d5": "ttft_budget_backlog_s=5", "d7": "ttft_budget_backlog_s=7.5",
               "d10": "ttft_budget_backlog_s=10", "d30": "ttft_budget_backlog_s=30",
               "b3": "ttft_budget_s=3", "b8": "ttft_budget_s=8",
+              "hold2": "hold_budget_ms=2000", "hold5": "hold_budget_ms=5000",
               "br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
               "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks",
               "br0-dyntralb-bound": "+ DyntraLB, queued_load=bound",
