@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -12,7 +12,13 @@ from br_serve.sim.metrics import pace_rule_excess
 
 @dataclass
 class _Steps:
+    """The step columns a run record has; only ``tau_s`` is read here."""
+
     tau_s: np.ndarray
+    max_load_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    imbalance_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    running: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sample_loads: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 @dataclass
