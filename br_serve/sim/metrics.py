@@ -105,29 +105,41 @@ def step_start_s(res: RunRecord) -> np.ndarray:
     return out
 
 
+def _admission_clock(res: RunRecord
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(idx, p, q, t_adm)`` of the requests that entered the pool and were admitted:
+    their indices, FCFS positions ``p``, admission ranks ``q`` (indexed by request) and
+    the run's admission times in admission order (``t_adm[j]``: the ``j``-th admission,
+    non-decreasing). None when there is none."""
+    n = res.admit_step.shape[0]
+    order = res.enqueue_order
+    if order is None or n == 0:
+        return None
+    ok = (res.admit_step >= 0) & (order >= 0)
+    idx = np.flatnonzero(ok)
+    if idx.size == 0:
+        return None
+    # admission order: by first decode step, ties by FCFS position
+    adm = idx[np.lexsort((order[idx], res.admit_step[idx]))]
+    q = np.empty(n, dtype=np.int64)
+    q[adm] = np.arange(adm.size)
+    starts = step_start_s(res)
+    t_adm = starts[np.minimum(res.admit_step[adm], starts.shape[0] - 1)]
+    return idx, order[idx], q, t_adm
+
+
 def wait_beyond_fcfs(res: RunRecord) -> tuple[np.ndarray, np.ndarray]:
     """``(ranks, seconds)`` per request as in the module docstring; -1 / NaN for a
     request that was never admitted (or never entered the pool)."""
     n = res.admit_step.shape[0]
     ranks = np.full(n, -1, dtype=np.int64)
     secs = np.full(n, np.nan)
-    order = res.enqueue_order
-    if order is None or n == 0:
+    clock = _admission_clock(res)
+    if clock is None:
         return ranks, secs
-    ok = (res.admit_step >= 0) & (order >= 0)
-    idx = np.flatnonzero(ok)
-    if idx.size == 0:
-        return ranks, secs
-    # admission order: by first decode step, ties by FCFS position
-    adm = idx[np.lexsort((order[idx], res.admit_step[idx]))]
-    q = np.empty(n, dtype=np.int64)
-    q[adm] = np.arange(adm.size)
-    starts = step_start_s(res)
-    steps_n = starts.shape[0]
-    t_adm = starts[np.minimum(res.admit_step[adm], steps_n - 1)]  # non-decreasing
-    p = order[idx]
+    idx, p, q, t_adm = clock
     ranks[idx] = np.maximum(0, q[idx] - p)
-    have = p < adm.size  # the p-th slot exists (always, unless some never got one)
+    have = p < t_adm.size  # the p-th slot exists (always, unless some never got one)
     sel = idx[have]
     secs[sel] = np.maximum(0.0, t_adm[q[sel]] - t_adm[p[have]])
     return ranks, secs
@@ -136,24 +148,16 @@ def wait_beyond_fcfs(res: RunRecord) -> tuple[np.ndarray, np.ndarray]:
 def pace_rule_excess(res: RunRecord, factor: float = PACE_RULE_FACTOR) -> np.ndarray:
     """Per request, seconds: pool wait - ``factor`` x its FCFS pool wait at the run's own
     pace (module docstring); NaN for a request never admitted or never in the pool."""
-    n = res.admit_step.shape[0]
-    out = np.full(n, np.nan)
-    order = res.enqueue_order
-    if order is None or n == 0:
+    out = np.full(res.admit_step.shape[0], np.nan)
+    clock = _admission_clock(res)
+    if clock is None:
         return out
-    ok = (res.admit_step >= 0) & (order >= 0)
-    idx = np.flatnonzero(ok)
-    if idx.size == 0:
-        return out
-    starts = step_start_s(res)
-    t_own = starts[np.minimum(res.admit_step[idx], starts.shape[0] - 1)]
-    t_sorted = np.sort(t_own)  # the run's j-th admission at t_sorted[j]
-    p = order[idx]
-    have = p < idx.size
+    idx, p, q, t_adm = clock
+    have = p < t_adm.size
     sel = idx[have]
     e = np.asarray(res.enqueue_s, dtype=np.float64)[sel]
-    fcfs_wait = np.maximum(0.0, t_sorted[p[have]] - e)
-    out[sel] = (t_own[have] - e) - factor * fcfs_wait
+    fcfs_wait = np.maximum(0.0, t_adm[p[have]] - e)
+    out[sel] = (t_adm[q[sel]] - e) - factor * fcfs_wait
     return out
 
 
