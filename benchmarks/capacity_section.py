@@ -66,13 +66,14 @@ def _cells(root: Path) -> list[tuple[str, str, dict[str, Any]]]:
     cap = [(p.stem, f"results/capacity/{p.name}", json.loads(p.read_text()))
            for p in sorted((root / "results" / "capacity").glob("*.json"))
            if p.name != "manifest.json"]
-    # results/capacity/earlier-*.json: measured with an earlier br0 default, kept as measured
-    now = [c for c in cap if not c[0].startswith("earlier-")]
-    before: list[tuple[str, str, dict[str, Any]]] = []
-    for prefix, mark in PREFIXES:
-        before += [(n.removeprefix(prefix) + mark, f, d) for n, f, d in cap
-                   if n.startswith(prefix) and not any(
-                       n.startswith(p) for p, _ in PREFIXES[:PREFIXES.index((prefix, mark))])]
+    # results/capacity/earlier-*.json: measured with an earlier br0 default, kept as
+    # measured, grouped by default (the first prefix a name has)
+    def era(name: str) -> tuple[str, str] | None:
+        return next((pm for pm in PREFIXES if name.startswith(pm[0])), None)
+
+    now = [c for c in cap if era(c[0]) is None]
+    before = [(n.removeprefix(p) + m, f, d) for p, m in PREFIXES
+              for n, f, d in cap if era(n) == (p, m)]
     return now + before + out
 
 
