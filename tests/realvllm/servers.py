@@ -19,13 +19,14 @@ from pathlib import Path
 import httpx
 
 from br_serve.remote.loads import parse_prometheus
+from tests.realvllm.tinymodel import POSITIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
 PYTHON = VENV / "bin" / "python"
 SERVED_MODEL = "tiny"
 #: the tiny model's positions: room for streams long enough to leave mid-way
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = POSITIONS
 #: vLLM's CPU backend on a small shared machine: 1 GiB of KV, no core pinning, no AMX
 #: (the float32 path never asks for it, but oneDNN would pick AMX kernels otherwise)
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",

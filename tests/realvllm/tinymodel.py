@@ -9,7 +9,7 @@ Run with the vLLM venv's interpreter (it has transformers and tokenizers)::
 
 Shape chosen for vLLM's CPU backend on this machine: 2 layers, hidden 128, 2 heads of
 dim 64 (the CPU attention refuses head_dim 16), float32 weights (bf16 needs AMX kernels
-that crash here), 512 positions. The tokenizer maps the words ``w0`` .. ``w499`` and a
+that crash here), ``POSITIONS`` positions. The tokenizer maps the words ``w0`` .. ``w499`` and a
 few plain words to ids (one whitespace word, one token), so a prompt of N words is N
 tokens plus the BOS token; a chat template renders ``role: content`` lines.
 """
@@ -20,6 +20,10 @@ import sys
 from pathlib import Path
 
 WORDS = 500
+#: long enough that a stream the tests leave mid-way is still decoding when the client
+#: goes, even when the graph delivers its first event seconds late on a loaded host (the
+#: tiny model decodes 400 tokens in about a second)
+POSITIONS = 2048
 SPECIAL = ("<unk>", "<s>", "</s>")
 PLAIN = ("hello", "world", "user", "assistant", "system", ":", "the", "a", "of", "and")
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
@@ -38,13 +42,13 @@ def build(out: Path) -> None:
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", model_max_length=512)
+                                   eos_token="</s>", model_max_length=POSITIONS)
     fast.chat_template = CHAT_TEMPLATE
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out)
     config = LlamaConfig(vocab_size=len(vocab), hidden_size=128, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                         head_dim=64, max_position_embeddings=512,
+                         head_dim=64, max_position_embeddings=POSITIONS,
                          bos_token_id=vocab["<s>"], eos_token_id=vocab["</s>"],
                          tie_word_embeddings=False, torch_dtype="float32")
     torch.manual_seed(0)
