@@ -151,6 +151,7 @@ def run_two_stage(
     soft_fill: float = 0.0,
     shallow: bool = False,
     hold_budget_s: float = 0.0,
+    hold_min_busy_share: float = 0.0,
     now_s: float = 0.0,
     idle: Iterable[int] = (),
     size_caps: Mapping[int, float] | None = None,
@@ -201,6 +202,12 @@ def run_two_stage(
     # 2. a shallow pool (every request left fits the free slots): the question is only
     # where each goes, so place each (largest first) on its best replica.
     if shallow and 0 < cur.remaining <= work.s_tot:
+        if hold_budget_s > 0 and hold_min_busy_share > 0:
+            alive = cluster.alive
+            slots = int(cluster.slots[alive].sum())
+            busy = int(cluster.running_requests[alive].sum())
+            if slots <= 0 or busy < hold_min_busy_share * slots:
+                hold_budget_s = 0.0
         held, retick = _place_each(pool, cur, work, model, assign, now_s, hold_budget_s)
         return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
                           counts["aged"], shallow=counts["shallow"], held=held,

@@ -98,7 +98,8 @@ def test_brh_gate_and_failure_fall_back_to_closed_gate() -> None:
         def observe(self, finished: object) -> None:
             return None
 
-    pol = build_policy("brh", {"horizon": 10, "trust_decode_share": None},
+    # the hold off: a lone request on a full cluster would be held, not placed
+    pol = build_policy("brh", {"horizon": 10, "trust_decode_share": None, "hold_budget_ms": 0},
                        PolicyContext(predictor=Raises()))  # type: ignore[arg-type]
     res = pol.schedule(cluster, pool_of([100]), 0.0, 0)
     assert not res.predictor_ok and len(res.assignments) == 1

@@ -85,7 +85,7 @@ def test_a_row_rebound_at_its_order_keeps_its_place_in_the_queue() -> None:
 
 
 def _br0(rule: str) -> PolicyBase[Any]:
-    return build_policy("br0", {"queued_load": rule},
+    return build_policy("br0", {"queued_load": rule, "hold_budget_ms": 0.0},  # placement, not hold
                         context=PolicyContext(rng=np.random.default_rng(0)))
 
 

@@ -63,6 +63,29 @@ def test_hold_waits_for_a_better_placement_within_its_budget() -> None:
     assert len(fits.assignments) == 1 and fits.held == 0
 
 
+@pytest.mark.parametrize("name", ["br0", "brh"])
+def test_the_default_hold_waits_only_while_half_the_slots_run(name: str) -> None:
+    # Loads equal: the 3,000-token prompt overflows both replicas. The default hold (2 s)
+    # keeps it back while at least half the alive slots run, and places it at once in a
+    # lighter cluster, where the step time it would buy is not scarce (a dead replica's
+    # slots do not count).
+    pool = _pool([3000], enqueued_s=10.0)
+    base: dict[str, object] = {"horizon": 6} if name == "brh" else {}
+    pol = build_policy(name, base)
+    half = ClusterSnapshot.build([1000, 1000], [2, 2], 4)  # 4 of 8 slots run
+    light = ClusterSnapshot.build([1000, 1000], [1, 1], 4)  # 2 of 8
+    dead = ClusterSnapshot.build([1000, 1000, 0, 0], [2, 2, 0, 0], 4,
+                                 alive=np.array([True, True, False, False]))
+    for busy in (half, dead):
+        res = pol.schedule(busy, pool, 10.05, 0)
+        assert res.held == 1 and res.assignments == ()
+        assert res.retick_s == pytest.approx(12.0)
+    res = pol.schedule(light, pool, 10.05, 0)
+    assert res.held == 0 and len(res.assignments) == 1
+    always = build_policy(name, {**base, "hold_min_busy_share": 0.0})
+    assert always.schedule(light, pool, 10.05, 0).held == 1
+
+
 @settings(max_examples=120, deadline=None)
 @given(st_=states(kv=True, dead=True), budget_ms=st.sampled_from([1.0, 50.0, 1000.0]),
        now=st.floats(0.0, 2.0), spread=st.floats(0.0, 2.0), name=st.sampled_from(

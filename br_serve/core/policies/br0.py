@@ -58,8 +58,13 @@ class TickOptions(Options):
         True, doc="when every pool request fits the free slots, place each (largest "
         "first) on its best-F replica, ties to the least (projected) load")
     hold_budget_ms: float = option(
-        0.0, ge=0, doc="shallow pool: hold a request that would overflow every open "
-        "replica for up to this long since it entered the pool (0: never hold)")
+        2000.0, ge=0, doc="shallow pool: hold a request that would overflow every open "
+        "replica (raise the barrier wherever it went) for up to this long since it "
+        "entered the pool, for a placement that does not (0: never hold)")
+    hold_min_busy_share: float = option(
+        0.5, ge=0, le=1, doc="the hold applies only while at least this share of the "
+        "alive replicas' slots is running: at lighter load the step time it buys is not "
+        "scarce and its TTFT cost is not worth paying (0: at any load)")
 
     def resolved_s_greedy(self, replicas: int) -> int:
         return replicas if self.s_greedy is None else self.s_greedy
@@ -201,7 +206,8 @@ class BR0(PolicyBase[BR0Options]):
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
             starving=self.ageing.starving(pool, now_s, tick),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
-            hold_budget_s=c.hold_budget_ms / 1e3, now_s=now_s, idle=idle, size_caps=caps)
+            hold_budget_s=c.hold_budget_ms / 1e3, hold_min_busy_share=c.hold_min_busy_share,
+            now_s=now_s, idle=idle, size_caps=caps)
         self.ageing.record(pool, len(res.assignments), now_s)
         return res
 
