@@ -79,7 +79,7 @@ def test_work_conserving_without_kv_limit(name: str,
     off here, tested in test_shallow_trust.py."""
     cluster, pool = st_
     opts: dict[str, object] = dict(_horizon(name, 8))
-    if any(f.name == "hold_budget_ms" for f in fields(policy_class(name).Options)):
+    if any(f.name == "hold_budget_ms" for f in fields(policy_class(name).Options)):  # type: ignore[arg-type]
         opts["hold_budget_ms"] = 0.0
     pol = build_policy(name, opts, PolicyContext(rng=np.random.default_rng(0)))
     res = pol.schedule(cluster, pool, now_s=0.0, tick=0)
