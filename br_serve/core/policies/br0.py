@@ -48,6 +48,10 @@ class TickOptions(Options):
         15.0, ge=0, doc="the TTFT budget binds only a request whose FCFS turn (on the "
         "pool's release clock) came within this many seconds of its arrival; later ones "
         "are backlog work, bound by the relative rule only (None: it binds every request)")
+    ttft_queue_age_factor: float | None = option(
+        None, ge=0, doc="experimental: online only if FCFS wait <= grace + this x the "
+        "age of the oldest pool request when it arrived (None: off)")
+    ttft_queue_grace_s: float = option(0.0, ge=0, doc="experimental grace")
     ageing_soft_share: float = option(
         0.25, ge=0, le=1, doc="fairness lead time: a request past this share of its "
         "slack (or TTFT budget) is placed first where it fits without overflow (1: off)")
@@ -68,7 +72,9 @@ class TickOptions(Options):
         return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
                           soft_share=self.ageing_soft_share,
                           fcfs_wait_factor=self.fcfs_wait_factor,
-                          ttft_backlog_s=self.ttft_budget_backlog_s)
+                          ttft_backlog_s=self.ttft_budget_backlog_s,
+                          ttft_queue_age_factor=self.ttft_queue_age_factor,
+                          ttft_queue_grace_s=self.ttft_queue_grace_s)
 
 
 @dataclass(frozen=True, slots=True)
