@@ -36,6 +36,19 @@ only the relative rule binds it, so a backlog keeps BalanceRoute's order. Withou
 ``ttft_backlog_s`` the budget binds every request (a deep pool then degenerates to FCFS
 order once its requests pass the budget).
 
+**Queue age** (``ttft_queue_age_factor``, with ``ttft_backlog_s``): one number of
+seconds cannot tell a short backlog from an at-capacity queue: a batch of short
+requests submitted at once (a saturated pool) drains within seconds, so many FCFS turns
+come within ``ttft_backlog_s`` of the common arrival, and the budget would put the batch
+in FCFS order. What differs is how fast the queue ahead of the request *formed*. At
+capacity it builds up from arrivals spread over time: the oldest pool request when the
+request entered had waited about as long as the request's own FCFS wait. In a burst it
+formed at once: the oldest request arrived with it (age 0). So the budget binds only a
+request whose FCFS wait (``T_p - arrival``) is at most ``ttft_queue_age_factor`` x
+that age (``arrival - the oldest pool request's arrival``, read at the first tick that
+saw the request); a request FCFS would have started at its arrival (wait 0) is online
+either way. Online: pool contents at the tick, no oracle.
+
 Deadlines grow along the pool's FCFS order when requests enter in one batch (a
 saturated pool) or with ``factor = 1``; otherwise a later entry can fall due first and
 is reached once those ahead of it are placed (the scan stops at the first request no
@@ -65,7 +78,6 @@ class AgeingRule:
     fcfs_wait_factor: float = 1.0
     ttft_backlog_s: float | None = None
     ttft_queue_age_factor: float | None = None
-    ttft_queue_grace_s: float = 0.0
 
 
 def _share(waited_s: float, budget_s: float) -> float:
@@ -97,7 +109,7 @@ class Ageing:
         self._head_arrival: list[float] = []
         self._hstart = 0
 
-    def queue_age_at_entry(self, rank: int) -> float | None:
+    def head_arrival_at_entry(self, rank: int) -> float | None:
         """Arrival time of the oldest pool request at the first tick that saw the
         request of entry rank ``rank`` (None: not recorded)."""
         i = bisect_left(self._entered, rank + 1, self._hstart)
@@ -162,11 +174,16 @@ class Ageing:
 
     def _queued_online(self, req: PoolRequest, rank: int, turn: float,
                        kappa: float | None) -> bool:
+        """Whether the queue ahead of ``req`` formed slowly enough for online work:
+        its FCFS wait is at most ``kappa`` x the age of the oldest pool request when it
+        entered (a burst builds a queue much faster than the cluster drains it)."""
         if kappa is None:
             return True
-        head = self.queue_age_at_entry(rank)
-        age = 0.0 if head is None else max(0.0, req.arrival_s - head)
-        return turn - req.arrival_s <= self.rule.ttft_queue_grace_s + kappa * age
+        head = self.head_arrival_at_entry(rank)
+        if head is None:
+            return True  # no record (not expected): no evidence of a burst
+        age = max(0.0, req.arrival_s - head)
+        return turn - req.arrival_s <= kappa * age
 
     def record(self, pool: PromptPool, assigned: int, now_s: float) -> None:
         """The tick released ``assigned`` requests at ``now_s`` (the caller removes
