@@ -50,7 +50,7 @@ class TickOptions(Options):
         "pool's release clock) came within this many seconds of its arrival; later ones "
         "are backlog work, bound by the relative rule only (None: it binds every request)")
     ttft_budget_queue_age_factor: float | None = option(
-        2.0, ge=0, doc="with ttft_budget_backlog_s, the TTFT budget binds a request only "
+        4.0, ge=0, doc="with ttft_budget_backlog_s, the TTFT budget binds a request only "
         "if its FCFS wait is at most this multiple of the age of the oldest pool request "
         "when it entered: a queue that formed in a burst (a batch arriving at once) is "
         "backlog work, however soon it drains (None: no such test)")
