@@ -211,3 +211,12 @@ def test_wait_beyond_fcfs_is_bounded(name: str, budget: float, seed: int) -> Non
         if p < len(times):
             worst = max(worst, t_q - times[p])
     assert worst <= budget + cap + 1
+
+
+def test_queue_age_factor_is_validated_by_name() -> None:
+    from br_serve.core.options import ConfigError
+
+    with pytest.raises(ConfigError, match="ttft_budget_queue_age_factor"):
+        build_policy("br0", {"ttft_budget_queue_age_factor": -1.0})
+    rule = build_policy("br0", {}).options.ageing_rule()
+    assert rule.ttft_queue_age_factor == 4.0
