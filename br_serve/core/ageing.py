@@ -36,6 +36,19 @@ only the relative rule binds it, so a backlog keeps BalanceRoute's order. Withou
 ``ttft_backlog_s`` the budget binds every request (a deep pool then degenerates to FCFS
 order once its requests pass the budget).
 
+**Queue age** (``ttft_queue_age_factor``, with ``ttft_backlog_s``): one number of
+seconds cannot tell a short backlog from an at-capacity queue: a batch of short
+requests submitted at once (a saturated pool) drains within seconds, so many FCFS turns
+come within ``ttft_backlog_s`` of the common arrival, and the budget would put the batch
+in FCFS order. What differs is how fast the queue ahead of the request *formed*. At
+capacity it builds up from arrivals spread over time: the oldest pool request when the
+request entered had waited about as long as the request's own FCFS wait. In a burst it
+formed at once: the oldest request arrived with it (age 0). So the budget binds only a
+request whose FCFS wait (``T_p - arrival``) is at most ``ttft_queue_age_factor`` x
+that age (``arrival - the oldest pool request's arrival``, read at the first tick that
+saw the request); a request FCFS would have started at its arrival (wait 0) is online
+either way. Online: pool contents at the tick, no oracle.
+
 Deadlines grow along the pool's FCFS order when requests enter in one batch (a
 saturated pool) or with ``factor = 1``; otherwise a later entry can fall due first and
 is reached once those ahead of it are placed (the scan stops at the first request no
@@ -64,6 +77,7 @@ class AgeingRule:
     soft_scan: int = 64
     fcfs_wait_factor: float = 1.0
     ttft_backlog_s: float | None = None
+    ttft_queue_age_factor: float | None = None
 
 
 def _share(waited_s: float, budget_s: float) -> float:
@@ -80,7 +94,8 @@ class Ageing:
     only there.
     """
 
-    __slots__ = ("_counts", "_start", "_times", "rule")
+    __slots__ = ("_counts", "_entered", "_head_arrival", "_hstart", "_start", "_times",
+                 "rule")
 
     def __init__(self, rule: AgeingRule) -> None:
         self.rule = rule
@@ -88,6 +103,24 @@ class Ageing:
         self._counts: list[int] = []
         self._times: list[float] = []
         self._start = 0  # entries before it are no longer needed
+        # entry breakpoints: at the tick the pool's entry count first reached
+        # _entered[i], its oldest request had arrived at _head_arrival[i]
+        self._entered: list[int] = []
+        self._head_arrival: list[float] = []
+        self._hstart = 0
+
+    def head_arrival_at_entry(self, rank: int) -> float | None:
+        """Arrival time of the oldest pool request at the first tick that saw the
+        request of entry rank ``rank`` (None: not recorded)."""
+        i = bisect_left(self._entered, rank + 1, self._hstart)
+        return self._head_arrival[i] if i < len(self._entered) else None
+
+    def _note_entries(self, pool: PromptPool) -> None:
+        entered = pool.released + len(pool)
+        if len(pool) and (not self._entered or entered > self._entered[-1]):
+            head = next(pool.fcfs())
+            self._entered.append(entered)
+            self._head_arrival.append(head.arrival_s)
 
     def released_at(self, count: int) -> float | None:
         """When the pool's release count first reached ``count`` (None: not yet)."""
@@ -108,6 +141,9 @@ class Ageing:
         fcfs, ttft = r.max_wait_beyond_fcfs_s, r.ttft_budget_s
         if fcfs is None and ttft is None:
             return
+        kappa = r.ttft_queue_age_factor
+        if kappa is not None:
+            self._note_entries(pool)
         released = pool.released
         self._note(released, now_s)  # releases made outside this policy's ticks
         soft_left = r.soft_scan
@@ -123,7 +159,8 @@ class Ageing:
                 base = req.enqueued_s + factor * (turn - req.enqueued_s)
                 wait = _share(now_s - base, fcfs)
             if ttft is not None and (backlog is None or (
-                    turn is not None and turn - req.arrival_s <= backlog)):
+                    turn is not None and turn - req.arrival_s <= backlog
+                    and self._queued_online(req, rank, turn, kappa))):
                 wait = max(wait, _share(now_s - req.arrival_s, ttft))
             if wait >= 1.0:
                 yield req, True
@@ -135,6 +172,19 @@ class Ageing:
             else:
                 return
 
+    def _queued_online(self, req: PoolRequest, rank: int, turn: float,
+                       kappa: float | None) -> bool:
+        """Whether the queue ahead of ``req`` formed slowly enough for online work:
+        its FCFS wait is at most ``kappa`` x the age of the oldest pool request when it
+        entered (a burst builds a queue much faster than the cluster drains it)."""
+        if kappa is None:
+            return True
+        head = self.head_arrival_at_entry(rank)
+        if head is None:
+            return True  # no record (not expected): no evidence of a burst
+        age = max(0.0, req.arrival_s - head)
+        return turn - req.arrival_s <= kappa * age
+
     def record(self, pool: PromptPool, assigned: int, now_s: float) -> None:
         """The tick released ``assigned`` requests at ``now_s`` (the caller removes
         them from the pool next); forget breakpoints no pool request can need."""
@@ -144,6 +194,14 @@ class Ageing:
             self._start = len(self._counts) - 1 if self._counts else 0
         else:
             self._start = max(self._start, bisect_left(self._counts, head + 1, self._start))
+        if self._entered:
+            h = len(self._entered) - 1 if head is None else bisect_left(
+                self._entered, head + 1, self._hstart)
+            self._hstart = max(self._hstart, h)
+            if self._hstart > 1024 and self._hstart * 2 > len(self._entered):
+                del self._entered[: self._hstart]
+                del self._head_arrival[: self._hstart]
+                self._hstart = 0
         if self._start > 1024 and self._start * 2 > len(self._counts):
             del self._counts[: self._start]
             del self._times[: self._start]

@@ -90,6 +90,39 @@ def test_ttft_budget_binds_only_where_fcfs_would_have_started_it_soon() -> None:
         ("r0", True), ("r1", True)]
 
 
+@pytest.mark.parametrize("factor", [None, 2.0])
+def test_ttft_budget_stands_down_for_a_queue_formed_in_a_burst(factor: float | None
+                                                                ) -> None:
+    """Issue 26: a batch arriving at once drains fast, so its FCFS turns come within the
+    backlog window; the queue-age test tells it from an at-capacity queue, where the
+    queue ahead formed from arrivals spread over time."""
+    rule = AgeingRule(ttft_budget_s=4.0, soft_share=1.0, ttft_backlog_s=10.0,
+                      ttft_queue_age_factor=factor)
+    # a burst: four requests arrive together at t = 0, the tick at t = 1 takes r3
+    # (BalanceRoute's order): r0's FCFS turn came 1 s after arrival, within the window
+    ag = Ageing(rule)
+    pool = _pool([100, 200, 300, 400], arrival_s=0.0)
+    assert _tick(ag, pool, 0.0, []) == []
+    assert _tick(ag, pool, 1.0, ["r3"]) == []
+    burst = _tick(ag, pool, 5.0, [])
+    # online traffic: r0 arrived at 0 and waits; r1 arrives at 3 behind a queue 3 s
+    # old; r2 is taken at 3 (r0's turn), r0 at 3.5 (r1's turn: 0.5 s <= 2 x 3 s)
+    ag2 = Ageing(rule)
+    pool2 = PromptPool()
+    pool2.add(PoolRequest("r0", 100, arrival_s=0.0))
+    assert _tick(ag2, pool2, 0.0, []) == []
+    pool2.add(PoolRequest("r1", 5000, arrival_s=3.0, enqueued_s=3.0))
+    pool2.add(PoolRequest("r2", 10, arrival_s=3.0, enqueued_s=3.0))
+    assert _tick(ag2, pool2, 3.0, ["r2"]) == []
+    assert _tick(ag2, pool2, 3.5, ["r0"]) == []
+    online = _tick(ag2, pool2, 7.0, [])
+    assert online == [("r1", True)]  # it arrived 4 s ago: the budget binds either way
+    if factor is None:
+        assert burst == [("r0", True)]  # the one window puts the batch in FCFS order
+    else:
+        assert burst == []  # backlog work: the relative rule (off here) binds it
+
+
 def test_every_rule_off_means_nobody_starves() -> None:
     ag = Ageing(AgeingRule())
     pool = _pool([100])
@@ -178,3 +211,12 @@ def test_wait_beyond_fcfs_is_bounded(name: str, budget: float, seed: int) -> Non
         if p < len(times):
             worst = max(worst, t_q - times[p])
     assert worst <= budget + cap + 1
+
+
+def test_queue_age_factor_is_validated_by_name() -> None:
+    from br_serve.core.options import ConfigError
+
+    with pytest.raises(ConfigError, match="ttft_budget_queue_age_factor"):
+        build_policy("br0", {"ttft_budget_queue_age_factor": -1.0})
+    rule = build_policy("br0", {}).options.ageing_rule()
+    assert rule.ttft_queue_age_factor == 4.0

@@ -25,8 +25,9 @@ class TickOptions(Options):
     Fairness (:mod:`br_serve.core.ageing`): a pool request is placed first once its
     pool wait reaches ``fcfs_wait_factor`` x its FCFS pool wait +
     ``max_wait_beyond_fcfs_s``, or it arrived ``ttft_budget_s`` ago and is not backlog
-    work (its FCFS turn came within ``ttft_budget_backlog_s`` of its arrival). ``None``
-    turns a rule off.
+    work (its FCFS turn came within ``ttft_budget_backlog_s`` of its arrival, and within
+    ``ttft_budget_queue_age_factor`` x the age of the queue it joined). ``None`` turns a
+    rule off.
     """
 
     s_greedy: int | None = option(
@@ -48,6 +49,11 @@ class TickOptions(Options):
         15.0, ge=0, doc="the TTFT budget binds only a request whose FCFS turn (on the "
         "pool's release clock) came within this many seconds of its arrival; later ones "
         "are backlog work, bound by the relative rule only (None: it binds every request)")
+    ttft_budget_queue_age_factor: float | None = option(
+        4.0, ge=0, doc="with ttft_budget_backlog_s, the TTFT budget binds a request only "
+        "if its FCFS wait is at most this multiple of the age of the oldest pool request "
+        "when it entered: a queue that formed in a burst (a batch arriving at once) is "
+        "backlog work, however soon it drains (None: no such test)")
     ageing_soft_share: float = option(
         0.25, ge=0, le=1, doc="fairness lead time: a request past this share of its "
         "slack (or TTFT budget) is placed first where it fits without overflow (1: off)")
@@ -73,7 +79,8 @@ class TickOptions(Options):
         return AgeingRule(self.max_wait_beyond_fcfs_s, self.ttft_budget_s,
                           soft_share=self.ageing_soft_share,
                           fcfs_wait_factor=self.fcfs_wait_factor,
-                          ttft_backlog_s=self.ttft_budget_backlog_s)
+                          ttft_backlog_s=self.ttft_budget_backlog_s,
+                          ttft_queue_age_factor=self.ttft_budget_queue_age_factor)
 
 
 @dataclass(frozen=True, slots=True)
