@@ -23,7 +23,8 @@ request to another rank; it only changes which local requests run:
    rank pauses the running request whose removal most raises an estimated cluster
    throughput ``running requests / (20,000 + 19.2 x max blocks)`` (fixed constants in
    the code, microseconds), if any does; a round that changes nothing ends the loop;
-3. per rank, a paused request and an admitted one of equal block count cancel out;
+3. per rank, the net change (a request paused and taken back in is in neither list);
+   then a paused request and an admitted one of equal block count cancel out;
 4. a rank whose plan admits nothing is *frozen*: it admits no waiting request next step.
 
 Pure and deterministic: items keep their identities (the real scheduler maps the plan
@@ -56,6 +57,7 @@ class _Rank:
     total: int = 0
     paused: list[_Item] = field(default_factory=list)
     admitted: list[_Item] = field(default_factory=list)
+    was_running: list[_Item] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,7 @@ def plan(ranks: Sequence[tuple[Sequence[tuple[Hashable, int]], Sequence[tuple[Ha
              for g, (run, wait) in enumerate(ranks)]
     for c in cards:
         c.total = sum(i.blocks for i in c.running)
+        c.was_running = list(c.running)
         while max_running is not None and len(c.running) < max_running and c.waiting:
             item = c.waiting[0]
             item.newly_added = True
@@ -116,7 +119,7 @@ def plan(ranks: Sequence[tuple[Sequence[tuple[Hashable, int]], Sequence[tuple[Ha
             break
     out = [RankPlan()] * n
     for c in cards:
-        pause, admit = _cancel(c.paused, c.admitted)
+        pause, admit = _cancel(*_net(c))
         out[c.index] = RankPlan(tuple(i.key for i in pause), tuple(i.key for i in admit),
                                 freeze=not admit)
     return out
@@ -178,6 +181,20 @@ def _drop(c: _Rank, cards: list[_Rank]) -> bool:
     c.paused.append(best)
     c.total -= best.blocks
     return True
+
+
+def _net(c: _Rank) -> tuple[list[_Item], list[_Item]]:
+    """The rank's net change: running requests that end paused, waiting ones that end
+    admitted (in admission order). A request paused and then taken back in (or pulled in
+    and then paused) is not in the plan: it ends where it began."""
+    def among(item: _Item, items: list[_Item]) -> bool:
+        return any(item is x for x in items)
+    pause = [i for i in c.was_running if not among(i, c.running)]
+    admit: list[_Item] = []
+    for i in c.admitted:
+        if among(i, c.running) and not among(i, c.was_running) and not among(i, admit):
+            admit.append(i)
+    return pause, admit
 
 
 def _cancel(paused: list[_Item], admitted: list[_Item]) -> tuple[list[_Item], list[_Item]]:
