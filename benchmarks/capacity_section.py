@@ -23,28 +23,40 @@ from typing import Any
 DEFAULT = "br0"
 YARDSTICK = "brh+oracle"
 # the default-change candidates of benchmarks/capacity_table.sh, against br0 in the same cell
-CANDIDATES = {"prev": "ttft_budget_s=None (the previous default: 2 x FCFS + 30 s only)",
+CANDIDATES = {"prev": "hold_budget_ms=0 (the previous default: no bounded hold)",
+              "nohold": "hold_budget_ms=0 (no bounded hold)",
+              "any": "hold_min_busy_share=0 (the hold at any load)",
+              "s75": "hold_min_busy_share=0.75",
+              "g50": "hold_budget_ms=2000, hold_min_busy_share=0.5",
+              "g75": "hold_budget_ms=2000, hold_min_busy_share=0.75",
               "d5": "ttft_budget_backlog_s=5", "d7": "ttft_budget_backlog_s=7.5",
               "d10": "ttft_budget_backlog_s=10", "d30": "ttft_budget_backlog_s=30",
               "b3": "ttft_budget_s=3", "b8": "ttft_budget_s=8",
-              "hold2": "hold_budget_ms=2000", "hold5": "hold_budget_ms=5000",
-              "br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000",
+              # measured before hold_min_busy_share existed: the hold at any load
+              "hold2": "hold_budget_ms=2000 (at any load)",
+              "hold5": "hold_budget_ms=5000 (at any load)",
+              "br0-ttft5": "ttft_budget_s=5", "br0-hold5": "hold_budget_ms=5000 (at any load)",
               "br0-time": "cost=time", "br0-dyntralb": "+ DyntraLB on the ranks",
               "br0-dyntralb-bound": "+ DyntraLB, queued_load=bound",
-              "br0-ttft5-hold5": "ttft_budget_s=5 + hold_budget_ms=5000",
+              "br0-ttft5-hold5": "ttft_budget_s=5 + hold_budget_ms=5000 (at any load)",
               "br0-s10": "max_wait_beyond_fcfs_s=10 (2 x FCFS + 10 s)",
               "br0-s5": "max_wait_beyond_fcfs_s=5 (2 x FCFS + 5 s)",
               "br0-f3s5": "fcfs_wait_factor=3, max_wait_beyond_fcfs_s=5"}
-# cells measured under an earlier br0 fairness default (the current one is pool wait <= 2 x
-# the FCFS wait + 30 s plus the 5 s TTFT budget for online work), by file name prefix:
-# results/capacity/earlier-2x30-* under 2 x the FCFS wait + 30 s alone; earlier-2x120-* under
-# 2 x the FCFS wait + 120 s; results/capacity/earlier-*, the results page's and the field's
-# first look under 30 s beyond the FCFS wait (factor 1)
+# cells measured under an earlier br0 default (the current one: pool wait <= 2 x the FCFS
+# wait + 30 s, the 5 s TTFT budget for online work, the 2 s bounded hold while half the
+# slots run), by file name prefix: results/capacity/earlier-nohold-* without the hold;
+# earlier-2x30-* under 2 x the FCFS wait + 30 s alone; earlier-2x120-* under 2 x the FCFS
+# wait + 120 s; results/capacity/earlier-*, the results page's and the field's first look
+# under 30 s beyond the FCFS wait (factor 1)
 EARLIER = " [br0: earlier default, 30 s beyond FCFS]"
 EARLIER_2X120 = " [br0: earlier default, 2 x FCFS + 120 s]"
 EARLIER_2X30 = " [br0: earlier default, 2 x FCFS + 30 s, no TTFT budget]"
-PREFIXES = (("earlier-2x30-", EARLIER_2X30), ("earlier-2x120-", EARLIER_2X120),
-            ("earlier-", EARLIER))
+EARLIER_NOHOLD = " [br0: earlier default, no hold]"
+PREFIXES = (("earlier-nohold-", EARLIER_NOHOLD), ("earlier-2x30-", EARLIER_2X30),
+            ("earlier-2x120-", EARLIER_2X120), ("earlier-", EARLIER))
+# what a candidate label meant in an earlier default's cells, where it differs from now
+CANDIDATES_THEN = {EARLIER_NOHOLD: {
+    "prev": "ttft_budget_s=None (the default before it: 2 x FCFS + 30 s only)"}}
 HEAD = "## Capacity at a latency SLO: the field's rules, the default, a clairvoyant yardstick"
 NEXT = "## The paper's numbers"
 
@@ -219,8 +231,9 @@ def _candidates(cells: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
         if d is None:
             continue
         tol = float(doc["bracket"]["rel_tol"])
-        rows += [f"| {name} | {_cand(d, None, tol)} | br0 {v} | {_cand(runs[k], d, tol)} |"
-                 for k, v in CANDIDATES.items() if k in runs]
+        then = next((c for m, c in CANDIDATES_THEN.items() if name.endswith(m)), {})
+        rows += [f"| {name} | {_cand(d, None, tol)} | br0 {then.get(k, v)} | "
+                 f"{_cand(runs[k], d, tol)} |" for k, v in CANDIDATES.items() if k in runs]
     return [*head, *rows, ""] if rows else []
 
 

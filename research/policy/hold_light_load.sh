@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bounded hold's TTFT cost below capacity (docs/core.md, "Bounded hold"): trace-timed,
-# 8 paired windows of 1,000 requests at 50% and 80% of the default's capacity at the SLO
-# (results/capacity/<cell>.json, the previous default's br0 row), for br0 without the hold
+# 8 paired windows of 1,000 requests at 50% and 80% of the capacity at the SLO that br0 had
+# before the hold (results/capacity/earlier-nohold-<cell>.json), for br0 without the hold
 # (nohold), the hold at any load (hold_min_busy_share=0: any), the default (share 0.5) and
 # share 0.25. Prints and writes TTFT P50 / P95, TPOT P50 / P95 and throughput per run.
 # Usage: research/policy/hold_light_load.sh OUT_JSON  (needs ../shared/traces; ~3 min)
