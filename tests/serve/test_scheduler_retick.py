@@ -15,7 +15,10 @@ from tests.serve.test_sched_core import _admission
 
 def _held_core(clock: list[float]) -> SchedulerCore:
     core = SchedulerCore(2, 2, 8, StepModel(0.0, 0.01, 0.0),
-                         build_policy("br0", {"hold_budget_ms": 200.0}), detail=False,
+                         # an idle cluster: the hold at any load (the default holds only
+                         # while half the slots run)
+                         build_policy("br0", {"hold_budget_ms": 200.0,
+                                              "hold_min_busy_share": 0.0}), detail=False,
                          clock=lambda: clock[0])
     core.mark_alive(0, "i0")
     core.mark_alive(1, "i1")
