@@ -23,7 +23,7 @@ from typing import Any
 DEFAULT = "br0"
 YARDSTICK = "brh+oracle"
 # the default-change candidates of benchmarks/capacity_table.sh, against br0 in the same cell
-CANDIDATES = {"prev": "hold_budget_ms=0 (the previous default: no bounded hold)",
+CANDIDATES = {"prev": "hold_budget_ms=0 (no bounded hold)",
               "nohold": "hold_budget_ms=0 (no bounded hold)",
               "any": "hold_min_busy_share=0 (the hold at any load)",
               "s75": "hold_min_busy_share=0.75",
@@ -51,7 +51,7 @@ CANDIDATES = {"prev": "hold_budget_ms=0 (the previous default: no bounded hold)"
 EARLIER = " [br0: earlier default, 30 s beyond FCFS]"
 EARLIER_2X120 = " [br0: earlier default, 2 x FCFS + 120 s]"
 EARLIER_2X30 = " [br0: earlier default, 2 x FCFS + 30 s, no TTFT budget]"
-EARLIER_NOHOLD = " [br0: earlier default, no hold]"
+EARLIER_NOHOLD = " [br0: earlier default, no hold, no queue-age test]"
 PREFIXES = (("earlier-nohold-", EARLIER_NOHOLD), ("earlier-2x30-", EARLIER_2X30),
             ("earlier-2x120-", EARLIER_2X120), ("earlier-", EARLIER))
 # what a candidate label meant in an earlier default's cells, where it differs from now
