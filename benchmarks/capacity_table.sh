@@ -15,7 +15,9 @@
 # in r1 mooncake azure-conv chat-rag reasoning. Writes results/capacity/<cell>.json.
 # sizing knobs (env): LIMIT (window, default 1000), REPLAYS (4), TOL (0.05), JOBS (2),
 # POLICIES (comma list, as --policies), BASELINE (jsq), RATE_LO / RATE_HI (the bracket),
-# EXTRA_OPTS (more --policy-option / --engine-option words, space-separated).
+# EXTRA_OPTS (more --policy-option / --engine-option words, space-separated), PER_REPLAY
+# (1: each window searched on its own, gains as paired per-window ratios with a 95%
+# interval: `capacity --per-replay`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BR=${BR:-.venv/bin/br-serve}
@@ -35,6 +37,7 @@ vllm_router_p2c,stt-dyntralb=sglang_total_tokens,br0,br0-ttft5=br0,br0-hold5=br0
 br0-dyntralb=br0,brh:oracle}
 BASELINE=${BASELINE:-jsq}
 read -r -a OPTS <<< "${EXTRA_OPTS:-}"
+[ "${PER_REPLAY:-0}" = 1 ] && OPTS+=(--per-replay)
 case ",$POLICIES," in *,br0-time=br0,*) OPTS+=(--policy-option br0-time.cost=time) ;; esac
 case ",$POLICIES," in *,br0-ttft5=br0,*) OPTS+=(--policy-option br0-ttft5.ttft_budget_s=5) ;; esac
 case ",$POLICIES," in *,br0-hold5=br0,*) OPTS+=(--policy-option br0-hold5.hold_budget_ms=5000) ;; esac

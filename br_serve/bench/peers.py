@@ -214,15 +214,15 @@ def capacity_search(plan: Plan, slo_tpot_p95_ms: float, slo_ttft_p95_s: float,
                     progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Per arm, the largest rate multiplier in ``[lo_scale, hi_scale]`` at which the
     mean over the windows of TPOT P95 and TTFT P95 meet the SLO (geometric bisection,
-    :class:`br_serve.sim.capacity._Search`, the simulator's own search; each evaluation
+    :class:`br_serve.sim.capacity.RateSearch`, the simulator's own search; each evaluation
     replays every window on fresh engines)."""
-    from br_serve.sim.capacity import SLO, _Search
+    from br_serve.sim.capacity import SLO, RateSearch
 
     slo = SLO(slo_tpot_p95_ms, slo_ttft_p95_s)
     base_rate = float(np.mean([w.rate_req_s for w in plan.windows]))
     out = []
     for protocol, arm in plan.arms:
-        search = _Search(lo_scale, hi_scale)
+        search = RateSearch(lo_scale, hi_scale)
         while (scale := search.next_rate(rel_tol)) is not None:
             runs = []
             for w in plan.windows:

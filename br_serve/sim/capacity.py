@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from br_serve.sim.ensemble import check_baseline, cluster_key, engine_options
-from br_serve.sim.replays import make_replays
+from br_serve.sim.replays import Replay, make_replays
 from br_serve.sim.runner import Runner, RunSpec, Task
 from br_serve.traces import Trace
 
@@ -106,19 +106,15 @@ def _floor_note(spec: RunSpec, slo: SLO) -> str | None:
     return None
 
 
-def capacity(trace: Trace, specs: Sequence[RunSpec], slo: SLO, *, replays: int = 8,
-             replay_mode: str = "jitter", limit: int | None = None,
-             jitter_ms: float = 50.0, seed: int = 0, baseline: str = "jsq",
-             bracket: Bracket | None = None, warm_start: Trace | None = None,
-             jobs: int | None = None,
-             progress: Callable[[str], None] | None = None) -> CapacityResult:
-    """Capacity at ``slo`` of every spec (trace-timed), by bisection on the rate.
+def plan_search(trace: Trace, specs: Sequence[RunSpec], br: Bracket, *, baseline: str,
+                replays: int, replay_mode: str, limit: int | None, jitter_ms: float,
+                seed: int) -> tuple[list[Replay], float, dict[int, float], dict[int, float]]:
+    """The replays, the base rate (req/s at scale 1) and each spec's bracket ends
+    ``(lo, hi)`` in req/s, shared by the pooled and the per-replay search.
 
     Raises:
-        ValueError: saturated specs (capacity needs arrival times), bad replay
-            arguments, a baseline that is not among the specs (named fields).
+        ValueError: saturated specs, bad replay arguments, an unknown baseline.
     """
-    br = bracket or Bracket()
     if any(s.config.sim.saturated for s in specs):
         raise ValueError("sim.saturated: capacity needs trace-timed runs (arrival times)")
     check_baseline(specs, baseline)
@@ -137,7 +133,26 @@ def capacity(trace: Trace, specs: Sequence[RunSpec], slo: SLO, *, replays: int =
         hi0[i] = br.hi_req_s if br.hi_req_s is not None else bound
     lo0 = {i: br.lo_req_s if br.lo_req_s is not None else hi0[i] / br.lo_fraction
            for i in hi0}
-    state = {i: _Search(lo0[i], hi0[i]) for i in hi0}
+    return reps, base, lo0, hi0
+
+
+def capacity(trace: Trace, specs: Sequence[RunSpec], slo: SLO, *, replays: int = 8,
+             replay_mode: str = "jitter", limit: int | None = None,
+             jitter_ms: float = 50.0, seed: int = 0, baseline: str = "jsq",
+             bracket: Bracket | None = None, warm_start: Trace | None = None,
+             jobs: int | None = None,
+             progress: Callable[[str], None] | None = None) -> CapacityResult:
+    """Capacity at ``slo`` of every spec (trace-timed), by bisection on the rate.
+
+    Raises:
+        ValueError: saturated specs (capacity needs arrival times), bad replay
+            arguments, a baseline that is not among the specs (named fields).
+    """
+    br = bracket or Bracket()
+    reps, base, lo0, hi0 = plan_search(trace, specs, br, baseline=baseline,
+                                       replays=replays, replay_mode=replay_mode,
+                                       limit=limit, jitter_ms=jitter_ms, seed=seed)
+    state = {i: RateSearch(lo0[i], hi0[i]) for i in hi0}
     with Runner(specs, reps, warm_start=warm_start, jobs=jobs) as runner:
         for rnd in range(br.max_rounds):
             nxt = {i: st.next_rate(br.rel_tol) for i, st in state.items()}
@@ -168,7 +183,7 @@ def capacity(trace: Trace, specs: Sequence[RunSpec], slo: SLO, *, replays: int =
     return CapacityResult(runs, meta)
 
 
-class _Search:
+class RateSearch:
     """Geometric bisection state of one spec: ``lo`` assumed (or seen) to meet the SLO,
     ``hi`` assumed (or seen) to fail; the ends are checked only when the answer reaches
     them."""

@@ -39,6 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="default bottom = top / this")
     p.add_argument("--rate-tol", type=float, default=0.02,
                    help="stop when top / bottom - 1 <= this (the answer's resolution)")
+    p.add_argument("--per-replay", action="store_true",
+                   help="search each replay window on its own and compare policies by "
+                   "the paired per-window capacity ratios, with a 95%% interval "
+                   "(br_serve.sim.capacity_paired); the reported capacity is the mean "
+                   "over windows")
     p.add_argument("--json", action="store_true", help="print the JSON object on stdout")
     add_ensemble_args(p, capacity=True)
     p.set_defaults(func=run)
@@ -46,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from br_serve.sim.capacity import SLO, Bracket, capacity
+    from br_serve.sim.capacity_paired import paired_capacity
     from br_serve.sim.cli import cluster_specs, load_cli_trace, trace_meta
     from br_serve.sim.ensemble_cli import replay_mode
     from br_serve.sim.ensemble_output import capacity_table, plot_capacity
@@ -65,11 +71,12 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     say = (lambda m: print(f"capacity: {m}", file=sys.stderr, flush=True)) if args.progress \
         else None
-    res = capacity(trace, specs, slo, replays=replays, replay_mode=mode,
-                   limit=args.limit if mode == "window" else None, jitter_ms=args.jitter_ms,
-                   seed=specs[0].config.seed, baseline=args.baseline, bracket=bracket,
-                   warm_start=history,
-                   jobs=default_jobs() if args.jobs is None else args.jobs, progress=say)
+    search = paired_capacity if args.per_replay else capacity
+    res = search(trace, specs, slo, replays=replays, replay_mode=mode,
+                 limit=args.limit if mode == "window" else None, jitter_ms=args.jitter_ms,
+                 seed=specs[0].config.seed, baseline=args.baseline, bracket=bracket,
+                 warm_start=history,
+                 jobs=default_jobs() if args.jobs is None else args.jobs, progress=say)
     doc = {**res.to_dict(), **trace_meta(args, trace), "wall_s": time.perf_counter() - t0}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -100,8 +100,10 @@ def capacity_table(runs: Sequence[dict[str, Any]]) -> str:
              "barrier idle | note |", "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         vs = r.get("capacity_vs_baseline")
+        ci = r.get("capacity_vs_baseline_ci95")
         vs_txt = ("baseline" if r["label"] == r.get("baseline") else
-                  "-" if vs is None else f"{100 * vs:+.1f}%")
+                  "-" if vs is None else f"{100 * vs:+.1f}%" + (
+                      "" if ci is None else f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"))
         lines.append(
             f"| {r['label']} | {r['replicas']} | {fmt(r['capacity_req_s'], 3)}"
             f"{' (capped)' if r.get('capped') else ''} | {vs_txt} | "
