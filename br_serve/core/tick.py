@@ -22,7 +22,13 @@ from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 from br_serve.core.pool import PromptPool
-from br_serve.core.types import Assignment, ClusterSnapshot, PoolRequest, TickResult
+from br_serve.core.types import (
+    UNLIMITED_TOKENS,
+    Assignment,
+    ClusterSnapshot,
+    PoolRequest,
+    TickResult,
+)
 
 
 class Scorer(Protocol):
@@ -202,12 +208,8 @@ def run_two_stage(
     # 2. a shallow pool (every request left fits the free slots): the question is only
     # where each goes, so place each (largest first) on its best replica.
     if shallow and 0 < cur.remaining <= work.s_tot:
-        if hold_budget_s > 0 and hold_min_busy_share > 0:
-            alive = cluster.alive
-            slots = int(cluster.slots[alive].sum())
-            busy = int(cluster.running_requests[alive].sum())
-            if slots <= 0 or busy < hold_min_busy_share * slots:
-                hold_budget_s = 0.0
+        if hold_budget_s > 0 and busy_share(cluster) < hold_min_busy_share:
+            hold_budget_s = 0.0
         held, retick = _place_each(pool, cur, work, model, assign, now_s, hold_budget_s)
         return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
                           counts["aged"], shallow=counts["shallow"], held=held,
@@ -254,6 +256,22 @@ def run_two_stage(
 
     return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
                       counts["aged"])
+
+
+def busy_share(cluster: ClusterSnapshot) -> float:
+    """How busy the alive replicas are: the larger of the running share of their slots
+    and the used share of their KV limits (where every alive replica has one). Real
+    ranks are often KV-bound: a rank whose KV is full runs fewer requests than it has
+    slots, and the slot share alone would call it idle. 0 with no alive slot."""
+    alive = cluster.alive
+    slots = int(cluster.slots[alive].sum())
+    if slots <= 0:
+        return 0.0
+    share = float(cluster.running_requests[alive].sum()) / slots
+    kv = cluster.kv_limit_tokens[alive]
+    if kv.size and bool((kv < UNLIMITED_TOKENS).all()):
+        share = max(share, float(cluster.load_tokens[alive].sum()) / float(kv.sum()))
+    return share
 
 
 def _place_each(pool: PromptPool, cur: PoolCursor, work: _Work, model: MarginModel,

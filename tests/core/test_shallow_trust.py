@@ -86,6 +86,26 @@ def test_the_default_hold_waits_only_while_half_the_slots_run(name: str) -> None
     assert always.schedule(light, pool, 10.05, 0).held == 1
 
 
+@pytest.mark.parametrize("name", ["br0", "brh"])
+def test_a_kv_bound_cluster_counts_as_busy_for_the_hold(name: str) -> None:
+    # 2 of 8 slots run, but the replicas' KV is 5,000 of 6,000 tokens full each (83%):
+    # a KV-bound rank runs fewer requests than it has slots, and it is as busy as a
+    # full one. The 500-token prompt overflows both (equal loads) and fits their KV
+    # room, so the default hold keeps it back; without KV limits the same cluster is
+    # light and the prompt is placed at once.
+    pool = _pool([500], enqueued_s=10.0)
+    pol = build_policy(name, {"horizon": 6} if name == "brh" else {})
+    kv_bound = ClusterSnapshot.build([5000, 5000], [1, 1], 4, kv_limit_tokens=6000)
+    res = pol.schedule(kv_bound, pool, 10.05, 0)
+    assert res.held == 1 and res.assignments == ()
+    unlimited = ClusterSnapshot.build([5000, 5000], [1, 1], 4)
+    res = pol.schedule(unlimited, pool, 10.05, 0)
+    assert res.held == 0 and len(res.assignments) == 1
+    # under half full (2,000 of 6,000 each, 33%) the KV does not make it busy either
+    roomy = ClusterSnapshot.build([2000, 2000], [1, 1], 4, kv_limit_tokens=6000)
+    assert pol.schedule(roomy, pool, 10.05, 0).held == 0
+
+
 @settings(max_examples=120, deadline=None)
 @given(st_=states(kv=True, dead=True), budget_ms=st.sampled_from([1.0, 50.0, 1000.0]),
        now=st.floats(0.0, 2.0), spread=st.floats(0.0, 2.0), name=st.sampled_from(

@@ -68,9 +68,10 @@ class TickOptions(Options):
         "replica (raise the barrier wherever it went) for up to this long since it "
         "entered the pool, for a placement that does not (0: never hold)")
     hold_min_busy_share: float = option(
-        0.5, ge=0, le=1, doc="the hold applies only while at least this share of the "
-        "alive replicas' slots is running: at lighter load the step time it buys is not "
-        "scarce and its TTFT cost is not worth paying (0: at any load)")
+        0.5, ge=0, le=1, doc="the hold applies only while the alive replicas are at "
+        "least this busy (the larger of the running share of their slots and, where "
+        "they have KV limits, the used share of their KV): at lighter load the step time "
+        "it buys is not scarce and its TTFT cost is not worth paying (0: at any load)")
 
     def resolved_s_greedy(self, replicas: int) -> int:
         return replicas if self.s_greedy is None else self.s_greedy
