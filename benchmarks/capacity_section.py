@@ -207,6 +207,16 @@ a tie within twice the resolution or 18%), TTFT P95 and barrier idle share at th
 
 # the prose under the tables: what the committed cells show (edited by hand with the cells)
 MEANING = (Path(__file__).with_name("capacity_meaning.md")).read_text()
+# the per-window paired cells (results/capacity-paired/, `capacity --per-replay`): the
+# table research/capacity_paired_table.py wrote, and the prose about it
+PAIRED_MEANING = (Path(__file__).with_name("capacity_paired_meaning.md")).read_text()
+
+
+def _paired(root: Path) -> list[str]:
+    table = root / "results" / "capacity-paired" / "table.md"
+    if not table.is_file():
+        return []
+    return [PAIRED_MEANING, table.read_text()]
 
 
 def _cand(r: dict[str, Any] | None, d: dict[str, Any] | None, tol: float) -> str:
@@ -250,8 +260,8 @@ def section(root: Path) -> str:
     cand = _candidates(cells)
     if cand:
         cand = [CAND_INTRO, *cand]
-    return "\n".join([HEAD, "", INTRO, *head, *rows, "", *cand, MEANING, "### Per cell", "",
-                       *details]) + "\n"
+    return "\n".join([HEAD, "", *_paired(root), INTRO, *head, *rows, "", *cand, MEANING,
+                       "### Per cell", "", *details]) + "\n"
 
 
 def splice(md: Path, text: str) -> None:

@@ -9,7 +9,8 @@ TTFT P95 and TPOT P95 at each window's capacity (means).
 
     python research/capacity_paired_table.py OUT.json CELL=PATH/capacity.json ...
 
-Writes OUT.json (rows) and prints a Markdown table.
+Writes OUT.json (rows) and OUT.md (the Markdown table, which
+``benchmarks/capacity_section.py`` puts into docs/results.md), and prints the table.
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ def cell_row(name: str, doc: dict[str, Any]) -> dict[str, Any]:
            "best_router": best_router, "best_router_req_s": runs[best_router]["capacity_req_s"],
            "vs_best_router": _ratio(_caps(d), _caps(runs[best_router])),
            "field": {k: {"req_s": r["capacity_req_s"], "ci95": r["capacity_ci95"]}
-                     for k, r in field.items()}}
+                     for k, r in field.items()},
+           # a window capped at the bracket's top carries at least that: a censored value
+           "capped_windows": {k: sum(bool(w["capped"]) for w in r["per_replay"])
+                              for k, r in runs.items() if any(w["capped"]
+                                                              for w in r["per_replay"])}}
     if YARDSTICK in runs:
         row["yardstick_req_s"] = runs[YARDSTICK]["capacity_req_s"]
         row["yardstick_vs_default"] = _ratio(_caps(runs[YARDSTICK]), _caps(d))
@@ -86,7 +91,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['best_router_req_s']:.3f} | {_pct(r['vs_best_router'])} | {r['best_field']} "
             f"{r['best_field_req_s']:.3f} | {_pct(r['vs_best_field'])} | "
             f"{_pct(r['vs_best_field_per_window'])} | {_pct(r.get('yardstick_vs_default'))} |")
-    return "\n".join(out) + "\n"
+    notes = [f"- {r['cell']}: windows capped at the bracket's top (a censored capacity, at "
+             f"least that): " + ", ".join(f"{k} {n}" for k, n in r["capped_windows"].items())
+             for r in rows if r["capped_windows"]]
+    return "\n".join(out) + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 
 def main(argv: list[str]) -> int:
@@ -96,6 +104,7 @@ def main(argv: list[str]) -> int:
         name, path = c.split("=", 1)
         rows.append(cell_row(name, json.loads(Path(path).read_text())))
     out.write_text(json.dumps({"rows": rows}, indent=1))
+    out.with_suffix(".md").write_text(table(rows))  # docs/results.md takes it from there
     print(table(rows), end="")
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -23,7 +25,7 @@ def test_each_window_finds_the_known_capacity_and_a_slower_policy_pairs_below() 
     """Two replicas, B = 4, a 10 ms step, outputs of 10 tokens: a slot turns over every
     0.1 s, so JSQ carries 2 x 40 = 80 req/s and SkipLast (never the last replica) 40.
     Every window finds its own capacity, and the paired ratio is -50% in each."""
-    kw = dict(replicas=2, slots=4, step_a_s_per_token=0.0, step_b_s=0.01,
+    kw: dict[str, Any] = dict(replicas=2, slots=4, step_a_s_per_token=0.0, step_b_s=0.01,
               prefill_p0_s=0.0, prefill_p1_s_per_token=0.0)
     specs = [RunSpec(parse_sim_config(policy="jsq", **kw)),
              RunSpec(parse_sim_config(policy=SKIP, **kw), label="skip-last")]
