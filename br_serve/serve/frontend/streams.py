@@ -41,7 +41,6 @@ from br_serve.serve.frontend.events import GenerateError, Inbox, Replacer, Strea
 from br_serve.serve.frontend.gate import AdmissionGate
 from br_serve.serve.frontend.owner import ACTORS_LOST, Resolver
 from br_serve.serve.frontend.prefilling import Prefill, make_prefill
-from br_serve.serve.frontend.submits import SubmitBatcher
 from br_serve.serve.wire.messages import Admission, Admitted, PrefillOutput, StreamError
 from br_serve.transport.lease import KVLease
 
@@ -90,7 +89,6 @@ class Streamer(StreamerIO):
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
         self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool.capacity)
         self._seq = 0
-        self._submits = SubmitBatcher(self._call_scheduler)
         self._io_init(scheduler, decode, replace, channel_host, resolve, epoch)
 
     def new_request_id(self) -> str:
@@ -163,7 +161,7 @@ class Streamer(StreamerIO):
                                   out.kv, arrival_s=arrival_s)
                 self._queues[rid] = Inbox()
                 self._pending[rid] = entry
-                status = await self._submits.submit(entry)
+                status = await self._call_scheduler("submit", entry)
                 if status in ("full", "no_replica"):
                     self._queues.pop(rid, None)
                     self._pending.pop(rid, None)

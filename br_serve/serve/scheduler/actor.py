@@ -79,15 +79,6 @@ class Scheduler(SchedulerIO):
     async def submit(self, entry: Admission) -> SubmitStatus:
         """Queue a prefilled request (see :data:`SubmitStatus`)."""
         await self._ensure_ready()
-        return self._submit(entry)
-
-    async def submit_many(self, entries: list[Admission]) -> list[SubmitStatus]:
-        """:meth:`submit` for each of ``entries``, in order (an ingress's burst in one
-        call)."""
-        await self._ensure_ready()
-        return [self._submit(entry) for entry in entries]
-
-    def _submit(self, entry: Admission) -> SubmitStatus:
         status = self.core.submit(entry)
         if status == "queued":
             seed = entry.params.seed if entry.params.seed is not None else -1
