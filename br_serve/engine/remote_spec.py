@@ -1,7 +1,7 @@
 """Configuration of remote PD engines (vLLM / vllm-ascend, SGLang) behind the graph.
 
 The graph's ``remote`` section: with ``engine.name=vllm`` or ``sglang`` the graph runs
-no model itself. Its Prefill deployment calls ``remote.prefill_urls`` and each decode
+no model itself. Its ingress replicas call ``remote.prefill_urls`` and each decode
 replica actor proxies one DP rank: ``decode_urls[g]`` (one server per rank, vLLM's
 "external DP"), or the single ``decode_urls[0]`` with the rank pinned per request (vLLM:
 the ``X-data-parallel-rank`` header; SGLang: ``routed_dp_rank``) when ``dp_size`` is
@@ -55,7 +55,7 @@ class RemoteConfig(BaseModel):
 
     prefill_urls: tuple[str, ...] = ()
     """vllm/sglang: base URLs of the prefill servers (comma-separated on a command line);
-    the Prefill deployment spreads requests over them round robin."""
+    each ingress replica spreads its requests over them round robin."""
     decode_urls: tuple[str, ...] = ()
     """vllm/sglang: one base URL per decode DP rank, or one URL for all ranks together
     with ``dp_size``."""

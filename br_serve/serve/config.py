@@ -41,7 +41,8 @@ class ServePrefillConfig(PrefillConfig):
     engine's prefill."""
 
     replicas: int = Field(default=2, ge=1, le=256)
-    """Serve replicas of the Prefill deployment."""
+    """Serve replicas of the Prefill deployment (local engines only; with
+    ``engine=vllm|sglang`` each ingress replica calls the prefill servers itself)."""
     p0_s: float = Field(default=0.0, ge=0)
     """emulated: seconds per prefill (0: as fast as the host allows)."""
     p1_s_per_token: float = Field(default=0.0, ge=0)

@@ -2,9 +2,11 @@
 
 ``build(args)`` validates builder arguments (:class:`GraphConfig`) and returns the bound
 Serve application: Actors (one replica: creates and owns the scheduler, decode replica
-and KV keeper actors, :class:`~br_serve.serve.actors.ActorOwner`) and Prefill (N
-replicas; in front of remote prefill servers with ``engine=vllm|sglang``) -> Ingress
-(``serve.ingress_replicas`` replicas, FastAPI), which borrows the actors' handles.
+and KV keeper actors, :class:`~br_serve.serve.actors.ActorOwner`) and, for local
+engines, Prefill (N replicas) -> Ingress (``serve.ingress_replicas`` replicas, FastAPI),
+which borrows the actors' handles. With remote engines (``engine=vllm|sglang``) there is
+no Prefill deployment: each ingress replica calls the prefill servers itself
+(:mod:`br_serve.serve.frontend.prefilling`).
 ``deploy(cfg)`` starts Serve's HTTP proxy on ``cfg.serve.host:cfg.serve.port`` and runs
 the application (for the demo, tests and benchmarks; users run
 ``serve run graphs.balance_route:app``).
@@ -28,22 +30,23 @@ def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
 
     from br_serve.serve.actors import ActorOwner
     from br_serve.serve.frontend.ingress import Ingress
-    from br_serve.serve.prefill.remote import RemotePrefillWorker
     from br_serve.serve.prefill.worker import PrefillWorker
 
     cfg = parse_graph_config(args)
+    prefill: Any = None  # remote engines: each ingress replica calls the prefill servers
     if cfg.is_remote:
         cfg = check_remote_engines(cfg)
-    worker = RemotePrefillWorker if cfg.is_remote else PrefillWorker
-    prefill = serve.deployment(worker, name="Prefill").options(  # type: ignore[attr-defined]
-        num_replicas=cfg.prefill.replicas, ray_actor_options=cfg.replica_actor_options(),
-        max_ongoing_requests=1000)
+    else:
+        prefill = serve.deployment(  # type: ignore[attr-defined]
+            PrefillWorker, name="Prefill").options(
+            num_replicas=cfg.prefill.replicas, ray_actor_options=cfg.replica_actor_options(),
+            max_ongoing_requests=1000).bind(cfg)
     owner = serve.deployment(ActorOwner, name="Actors").options(  # type: ignore[attr-defined]
         num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
     ingress = serve.deployment(Ingress, name="Ingress").options(  # type: ignore[attr-defined]
         num_replicas=cfg.serve.ingress_replicas, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=10000)
-    return ingress.bind(prefill.bind(cfg), owner.bind(cfg), cfg)
+    return ingress.bind(prefill, owner.bind(cfg), cfg)
 
 
 def check_remote_engines(cfg: GraphConfig) -> GraphConfig:
@@ -113,8 +116,9 @@ def failure_reasons(app_name: str) -> str:
     return "; ".join(reasons)
 
 
-#: The deployments that make an application a BalanceRoute graph.
-GRAPH_DEPLOYMENTS = frozenset({"Ingress", "Prefill", "Actors"})
+#: The deployments that make an application a BalanceRoute graph (and Prefill, for
+#: local engines).
+GRAPH_DEPLOYMENTS = frozenset({"Ingress", "Actors"})
 
 
 def pick_app(apps: Mapping[str, Any]) -> str:

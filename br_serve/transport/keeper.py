@@ -11,6 +11,13 @@ pull, the ingress when it gives a request up) calls ``release``; the keeper then
 the source copy through its own transport (objref: drops the ref; Mooncake: removes the
 key). A TTL bounds what a lost release can leak; expired entries are freed the same way.
 
+Holds may come late. The ingress calls a remote engine itself and sends the holds
+of its tickets in the background, batched (``hold_many``), so a decode replica's release of a
+ticket it took can reach the keeper before the ticket's hold. A release of a key the
+keeper does not hold is therefore remembered (for the TTL): a hold that comes after it
+is dropped if a decode took the KV, and frees the source at once if the release gave the
+request up.
+
 Faults: a keeper that dies loses its handles (objects whose only holder it was are
 freed, and their pulls fail with a retryable error: the ingress re-prefills). Its actor
 restarts empty; Mooncake keys it held stay until their writer closes.
@@ -30,6 +37,8 @@ from br_serve.transport.base import KVHandle, KVTransport, TransportError
 log = logging.getLogger(__name__)
 
 KEEPER_TTL_S = 600.0
+#: most released-but-never-held keys remembered (a bound on memory, not a TTL)
+_GONE_MAX = 100_000
 
 
 def keeper_name(app_name: str) -> str:
@@ -58,9 +67,23 @@ class KVKeeper:
         self._clock = clock
         self._held: collections.OrderedDict[str, tuple[float, KVHandle]] = (
             collections.OrderedDict())
+        #: keys released while not held (time, consumed): a late hold of one is void
+        self._gone: collections.OrderedDict[str, tuple[float, bool]] = (
+            collections.OrderedDict())
+        #: holds that came after their key's release
+        self.late = 0
 
     async def hold(self, handle: KVHandle) -> None:
         now = self._clock()
+        gone = self._gone.pop(handle.key, None)
+        if gone is not None:  # released before this hold came (see the module docstring)
+            self.late += 1
+            consumed = gone[1]
+            if consumed:
+                self.handed_over += 1
+            elif handle.freed_by_consumer:  # that release could not free it: free it now
+                await self._free(handle)
+            return  # (not consumed and not freed_by_consumer: that release freed it)
         self._held[handle.key] = (now, handle)
         self._held.move_to_end(handle.key)
         while self._held:
@@ -71,11 +94,18 @@ class KVKeeper:
             log.warning("kv keeper: %r expired after %.0f s unreleased", key, self.ttl_s)
             await self._free(old)
 
+    async def hold_many(self, handles: list[KVHandle]) -> None:
+        """:meth:`hold` for each of ``handles`` (one call for a burst of tickets)."""
+        for handle in handles:
+            await self.hold(handle)
+
     async def release(self, handle: KVHandle, consumed: bool = False) -> None:
         """Drop ``handle`` and free its source copy (idempotent). ``consumed``: a decode
         took it; a handle ``freed_by_consumer`` is then only forgotten (its engine
         frees the source), and one no longer held is not freed again."""
         held = self._held.pop(handle.key, None) is not None
+        if not held:
+            self._remember(handle.key, consumed)
         if consumed and handle.freed_by_consumer:
             self.handed_over += held
             return
@@ -83,13 +113,23 @@ class KVKeeper:
             return  # released before (or expired): its engine hold is gone already
         await self._free(handle)
 
+    def _remember(self, key: str, consumed: bool) -> None:
+        now = self._clock()
+        self._gone[key] = (now, consumed or self._gone.get(key, (0.0, False))[1])
+        self._gone.move_to_end(key)
+        while self._gone:
+            t, _ = next(iter(self._gone.values()))
+            if now - t <= self.ttl_s and len(self._gone) <= _GONE_MAX:
+                break
+            self._gone.popitem(last=False)
+
     async def size(self) -> int:
         return len(self._held)
 
     async def counts(self) -> dict[str, int]:
         """``held``, ``freed`` (through the transport) and ``handed_over`` so far."""
         return {"held": len(self._held), "freed": self.freed,
-                "handed_over": self.handed_over}
+                "handed_over": self.handed_over, "late": self.late}
 
     async def _free(self, handle: KVHandle) -> None:
         try:

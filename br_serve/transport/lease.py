@@ -10,7 +10,11 @@ moves the KV:
   when its engine took the KV (a remote engine's connector then frees the source
   itself), or ``release(handle)`` after a failed pull (nobody will pull that key
   again: the ingress re-prefills under a new id);
-- the ingress, when it gives up a request no replica pulled: ``release(handle)``.
+- the ingress, when it gives up a request no replica pulled: ``release(handle)``;
+- the ingress that prefilled on a remote engine itself: ``hold_soon(handle)``, which
+  does not wait: the handles of one event-loop turn go to the keeper in one
+  ``hold_many`` call, sent before any later ``release`` from this process (a release
+  from another process may still come first: the keeper remembers it).
 
 ``release`` is fire-and-forget and never raises: a lost release is bounded by the
 keeper's TTL. Each holder releases a handle once.
@@ -46,6 +50,9 @@ class KVLease:
         self._keeper: Any = keeper
         self._find_keeper = find_keeper
         self._tasks: set[asyncio.Task[None]] = set()
+        self._soon: list[KVHandle] = []
+        #: holds ``hold_soon`` could not register (the keeper was unreachable)
+        self.holds_lost = 0
 
     def _keeper_handle(self) -> Any:
         if self._keeper is None:
@@ -81,6 +88,47 @@ class KVLease:
                     raise TransportError(f"kv lease: keeper unreachable for "
                                          f"{handle.key!r}: {exc}") from exc
 
+    def hold_soon(self, handle: KVHandle) -> None:
+        """:meth:`hold` off the caller's path: queued, and sent with the others queued in
+        this event-loop turn as one ``hold_many`` call. A keeper that cannot be reached
+        is logged and counted (``holds_lost``); the request goes on, without the
+        keeper's TTL behind it (its engine's own timeout still bounds it)."""
+        self._soon.append(handle)
+        if len(self._soon) == 1:
+            loop = asyncio.get_running_loop()
+            contextvars.Context().run(loop.call_soon, self._flush_holds)
+
+    def _flush_holds(self) -> None:
+        if not self._soon:
+            return
+        batch, self._soon = self._soon, []
+        try:
+            ref = self._keeper_handle().hold_many.remote(batch)
+        except ValueError as exc:  # keeper not registered
+            self._holds_failed(batch, exc)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a thread): sent, not watched
+            return
+        task = contextvars.Context().run(loop.create_task, self._await_holds(ref, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _await_holds(self, ref: Any, batch: list[KVHandle]) -> None:
+        from ray.exceptions import RayError
+
+        try:
+            await ref
+        except RayError as exc:
+            self._holds_failed(batch, exc)
+
+    def _holds_failed(self, batch: list[KVHandle], exc: Exception) -> None:
+        self.holds_lost += len(batch)
+        log.warning("kv lease: keeper unreachable; %d holds lost (%s...): %s", len(batch),
+                    batch[0].key, exc)
+        self._forget_keeper()
+
     def _forget_keeper(self) -> bool:
         """After a failed call: look the keeper up again next time (a new graph may run
         a new keeper under the same name). False if there is nothing to look up."""
@@ -101,6 +149,7 @@ class KVLease:
     def release(self, handle: KVHandle, consumed: bool = False) -> None:
         """Nobody here needs ``handle`` any more (see the module docstring);
         ``consumed``: a decode took its KV."""
+        self._flush_holds()  # a queued hold is sent first (the keeper copes with either order)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a thread): send and forget

@@ -47,7 +47,7 @@ from br_serve.serve.config import GraphConfig
 from br_serve.serve.frontend import openai_api as oa
 from br_serve.serve.frontend.responses import ClosingStreamingResponse
 from br_serve.serve.frontend.stopping import OutputFilter
-from br_serve.serve.frontend.streams import GenerateError, Streamer, Token
+from br_serve.serve.frontend.streams import GenerateError, Streamer, Token, make_prefill
 from br_serve.transport.lease import KVLease
 
 log = logging.getLogger(__name__)
@@ -177,8 +177,8 @@ class Ingress:
         async def resolve() -> GraphActors:
             return await owner.handles.remote()  # type: ignore[no-any-return]
 
-        self.streamer = Streamer(self.cfg, prefill, actors.scheduler, actors.decode,
-                                 KVLease(None, keeper=actors.keeper), replace,
+        self.streamer = Streamer(self.cfg, await make_prefill(prefill, cfg), actors.scheduler,
+                                 actors.decode, KVLease(None, keeper=actors.keeper), replace,
                                  channel_host=self.cfg.channel_host(), resolve=resolve,
                                  epoch=actors.epoch)
         self._metrics: Any = None

@@ -25,7 +25,6 @@ Contracts of :meth:`Streamer.generate`:
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import dataclasses
 import logging
@@ -41,17 +40,16 @@ from br_serve.serve.config import GraphConfig
 from br_serve.serve.frontend.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
 from br_serve.serve.frontend.gate import AdmissionGate
 from br_serve.serve.frontend.owner import ACTORS_LOST, Resolver
+from br_serve.serve.frontend.prefilling import Prefill, make_prefill
 from br_serve.serve.wire.messages import Admission, Admitted, PrefillOutput, StreamError
-from br_serve.serve.wire.rpc import GONE
 from br_serve.transport.lease import KVLease
 
-__all__ = ["GenerateError", "Streamer", "Token"]
+__all__ = ["GenerateError", "Streamer", "Token", "make_prefill"]
 
 log = logging.getLogger(__name__)
 
 _WATCHDOG_S = 2.0
 _MAX_REPREFILL = 2
-_PREFILL_TRIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +77,14 @@ class Streamer(StreamerIO):
     ``decode`` and ``lease``'s keeper.
     """
 
-    def __init__(self, cfg: GraphConfig, prefill: Any, scheduler: Any, decode: list[Any],
+    def __init__(self, cfg: GraphConfig, prefill: Prefill | Any, scheduler: Any,
+                 decode: list[Any],
                  lease: KVLease, replace: Replacer | None = None,
                  channel_host: str | None = None, resolve: Resolver | None = None,
                  epoch: str = "") -> None:
         self.cfg = cfg
-        self.prefill = prefill
+        self._prefill_call = prefill if isinstance(prefill, Prefill) else Prefill(prefill)
+        self.prefill = self._prefill_call.target
         self.lease = lease
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
         self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool.capacity)
@@ -222,29 +222,9 @@ class Streamer(StreamerIO):
 
     async def _prefill(self, rid: str, prompt: str | list[int],
                        params: SamplingParams) -> PrefillOutput:
-        """Prefill on some replica of the prefill deployment; a replica that dies
-        mid-call is retried on another (bounded). Raises :class:`GenerateError`."""
-        for attempt in range(_PREFILL_TRIES):
-            last = attempt + 1 == _PREFILL_TRIES
-            try:
-                out: PrefillOutput = await self.prefill.prefill.remote(rid, prompt, params)
-            except GONE as exc:
-                log.warning("ingress: prefill of %s failed (%s); attempt %d", rid, exc,
-                            attempt + 1)
-                if last:
-                    raise GenerateError(503, f"prefill unavailable: {exc}",
-                                        "service_unavailable") from exc
-                await asyncio.sleep(0.5)
-                continue
-            if out.error_status != 503 or last:  # 503: its KV keeper was unreachable
-                break
-            await asyncio.sleep(0.5)
-        if out.error is not None:
-            raise GenerateError(out.error_status, out.error,
-                                "service_unavailable" if out.error_status == 503
-                                else "invalid_request_error",
-                                param=None)  # the ingress names "prompt" for its 400s
-        return out
+        """Prefill (:mod:`br_serve.serve.frontend.prefilling`). Raises
+        :class:`GenerateError`."""
+        return await self._prefill_call(rid, prompt, params, self.lease)
 
     async def _follow(self, rid: str, entry: Admission, offset: int,
                       prompt_tokens: int, nxt: int = 1) -> AsyncIterator[list[Token]]:

@@ -1,5 +1,8 @@
-"""Prefill on a remote PD engine (``engine=vllm|sglang``): the Prefill deployment's
-replica calls the engine and hands the pool a ticket instead of KV bytes.
+"""Prefill on a remote PD engine (``engine=vllm|sglang``): call the engine and hand the
+pool a ticket instead of KV bytes. :class:`RemotePrefiller` is a plain object that each
+ingress replica owns and calls in its own event loop (no Prefill deployment stands
+between the ingress and a remote engine: that round trip cost 10-20 ms of a loaded core
+per request).
 
 - vLLM / vllm-ascend: ``max_tokens: 1`` with ``kv_transfer_params`` asking for a
   remote decode; the answer's parameters (and the engine's prompt count) go into a
@@ -8,13 +11,14 @@ replica calls the engine and hands the pool a ticket instead of KV bytes.
   ``auto`` and an answer with ``kv_transfer_params: null``) gives a ticket without
   parameters: the decode call is the same prompt, which the connector's store finds.
 - SGLang: the request carries a fresh ``bootstrap_room``; SGLang answers it only once
-  the decode took the KV, so the call runs on as a task of this replica and the ticket
+  the decode took the KV, so the call runs on as a task of the caller's loop and the ticket
   is returned at once (after a short wait that catches an immediate refusal). The
   prompt length is an estimate until the decode stream reports the engine's count.
 
-Every ticket is held by the KV keeper (``remote`` transport) until a decode replica
-takes it or it is released; a release, or ``pool_ttl_s`` in the pool, frees the hold on
-the engine (``cancel`` / ``abort_request``). Errors come back as a
+The ticket comes back unheld: its owner (the ingress) hands it to the KV keeper
+(``remote`` transport) without waiting (``KVLease.hold_soon``), and the keeper holds it
+until a decode replica takes it or it is released; a release, or ``pool_ttl_s`` in the
+pool, frees the hold on the engine (``cancel`` / ``abort_request``). Errors come back as a
 :class:`PrefillOutput` ``error``: the engine's 400 as a 400 (its message passed on),
 an engine down, timing out or failing (5xx) as a 503 (the ingress retries), any other
 answer as a 502. The constructor checks each prefill URL's ``/health`` and raises
@@ -24,7 +28,6 @@ naming the one that does not answer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import random
@@ -35,8 +38,6 @@ from br_serve.engine.base import SamplingParams
 from br_serve.engine.remote_spec import split_url
 from br_serve.serve.prefill.worker import over_context
 from br_serve.serve.wire.messages import PrefillOutput
-from br_serve.transport.base import TransportError
-from br_serve.transport.lease import KVLease
 
 if TYPE_CHECKING:
     from br_serve.serve.config import GraphConfig
@@ -67,13 +68,13 @@ def check_endpoints(urls: tuple[str, ...], field: str, timeout_s: float,
                                    f"{r.status_code} {r.text[:200]!r}")
 
 
-class RemotePrefillWorker:
-    """One replica of the Prefill deployment in front of remote prefill servers."""
+class RemotePrefiller:
+    """Prefill calls to remote prefill servers, made in the caller's event loop (the
+    ingress replica's). The constructor blocks (the ``/health`` checks)."""
 
     def __init__(self, cfg: GraphConfig) -> None:
         from br_serve.remote.client import Timeouts
         from br_serve.transport.factory import make_transport
-        from br_serve.transport.keeper import get_keeper
 
         self.cfg = cfg
         remote = cfg.remote
@@ -81,19 +82,17 @@ class RemotePrefillWorker:
                         remote.api_key)
         self.protocol = cfg.engine.name
         self.model = remote.model or cfg.serve.model
-        self.lease = KVLease(make_transport("remote", api_key=remote.api_key),
-                             find_keeper=lambda: get_keeper(cfg.serve.app_name,
-                                                            cfg.serve.namespace))
+        self._tickets = make_transport("remote", api_key=remote.api_key)
         self._timeouts = Timeouts(connect_s=remote.connect_s,
                                   request_s=remote.first_token_s,
                                   first_byte_s=remote.first_token_s,
                                   stall_s=remote.stall_s,
                                   keepalive_s=remote.keepalive_s)
         self._client: Any = None  # made on the serving loop
-        # round robin from a random start, so that replicas do not march in step
+        # round robin from a random start, so that ingress replicas do not march in step
         self._next = itertools.count(random.Random(uuid.uuid4().int).randrange(1 << 16))
-        # SGLang rooms must be unique across every replica of every graph: a seed
-        # shared by replicas would repeat them, so each replica draws from its own
+        # SGLang rooms must be unique across every caller of every graph: a seed
+        # shared by ingress replicas would repeat them, so each draws from its own
         self._rooms = random.Random(uuid.uuid4().int)
         self._calls: set[asyncio.Task[Any]] = set()
 
@@ -133,14 +132,7 @@ class RemotePrefillWorker:
                                  error_status=status)
         if isinstance(ticket, PrefillOutput):
             return ticket
-        handle = self.lease.put(request_id, ticket)
-        try:
-            await self.lease.hold(handle)
-        except TransportError as exc:  # no keeper would ever free it: free it now
-            with contextlib.suppress(TransportError):
-                await asyncio.to_thread(self.lease.discard, handle)
-            return PrefillOutput(request_id, error=f"kv keeper unavailable: {exc}",
-                                 error_status=503)
+        handle = self._tickets.put(request_id, ticket)  # inline: nothing is stored
         return PrefillOutput(request_id, prompt_tokens=ticket.prompt_tokens,
                              first_token_id=-1, kv=handle, first_token_pending=True)
 

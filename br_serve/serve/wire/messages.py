@@ -14,7 +14,8 @@ from br_serve.transport.base import KVHandle
 
 @dataclass(frozen=True, slots=True)
 class PrefillOutput:
-    """What the prefill deployment returns. ``error`` set means nothing else is valid.
+    """What a prefill returns (the Prefill deployment, or the ingress's own remote
+    call). ``error`` set means nothing else is valid.
 
     ``error_status`` is the HTTP status the ingress should answer with (400).
     """
