@@ -127,7 +127,8 @@ class KVKeeper:
         return len(self._held)
 
     async def counts(self) -> dict[str, int]:
-        """``held``, ``freed`` (through the transport) and ``handed_over`` so far."""
+        """``held``, ``freed`` (through the transport), ``handed_over`` and ``late`` (holds
+        that came after their release) so far."""
         return {"held": len(self._held), "freed": self.freed,
                 "handed_over": self.handed_over, "late": self.late}
 
