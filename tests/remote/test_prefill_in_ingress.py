@@ -57,7 +57,7 @@ def test_vllm_ticket_held_off_path_engine_400_passed_on_and_503_when_down() -> N
     pre.start()
     try:
         p = _prefill("vllm", pre.url)
-        assert p.local
+        assert p.in_process
 
         async def run() -> list[Any]:
             ok = await _call(p, "ok", "a b c", 4, lease)

@@ -137,7 +137,7 @@ def test_in_process_prefill_hands_the_ticket_to_the_keeper() -> None:
         await asyncio.sleep(0.01)
         return out
 
-    assert call.local
+    assert call.in_process
     out = asyncio.run(scenario())
     assert out.kv is not None and keeper.calls == [("hold_many", ["r"])]
 

@@ -50,11 +50,11 @@ _RETRY_S = 0.5
 class Prefill:
     """One ingress replica's way to prefill. ``target``: the Prefill deployment's handle,
     or an object with ``async prefill(request_id, prompt, params)`` called in this loop
-    (``local``: its tickets are unheld, and this hands them to the keeper)."""
+    (``in_process``: its tickets are unheld, and this hands them to the keeper)."""
 
     def __init__(self, target: Any) -> None:
         self.target = target
-        self.local = not hasattr(getattr(target, "prefill", None), "remote")
+        self.in_process = not hasattr(getattr(target, "prefill", None), "remote")
 
     async def __call__(self, rid: str, prompt: str | list[int], params: SamplingParams,
                        lease: KVLease) -> PrefillOutput:
@@ -65,7 +65,7 @@ class Prefill:
             last = attempt + 1 == _PREFILL_TRIES
             try:
                 out: PrefillOutput = await (
-                    self.target.prefill(rid, prompt, params) if self.local
+                    self.target.prefill(rid, prompt, params) if self.in_process
                     else self.target.prefill.remote(rid, prompt, params))
             except GONE as exc:
                 log.warning("ingress: prefill of %s failed (%s); attempt %d", rid, exc,
@@ -84,7 +84,7 @@ class Prefill:
                                 "service_unavailable" if out.error_status == 503
                                 else "invalid_request_error",
                                 param=None)  # the ingress names "prompt" for its 400s
-        if self.local and out.kv is not None:
+        if self.in_process and out.kv is not None:
             lease.hold_soon(out.kv)  # off the path: the pool entry goes in now
         return out
 
