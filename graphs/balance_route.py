@@ -13,7 +13,8 @@ of :class:`br_serve.serve.config.GraphConfig` by its path (``step.b_s`` or ``ste
 ``policy=brh`` sets ``policy.name``); a bad one fails with a message naming it.
 ``serve.host`` and ``serve.port`` are refused here: Serve's HTTP proxy is one per
 cluster and ``serve run`` starts it before it calls this builder, so they would be
-ignored (see :data:`HTTP_ARGS_MESSAGE` for what to use instead).
+ignored (see :data:`HTTP_ARGS_MESSAGE` for what to use instead). ``serve.front`` is
+refused too: the front door is fixed when Ray starts (:data:`FRONT_MESSAGE`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,19 @@ HTTP_ARGS_MESSAGE = (
     "yaml), or `serve start --http-host H --http-port P` before `serve run`, or "
     "`br-serve serve --set serve.host=H --set serve.port=P`")
 
+FRONT_MESSAGE = (
+    "cannot be a builder argument: the HTTP front door is fixed when Ray starts. For "
+    "Serve's HAProxy ingress set RAY_SERVE_ENABLE_HA_PROXY=1 in the environment of "
+    "`ray start` (or of `serve run` when it starts a local Ray), or use "
+    "`br-serve serve --set serve.front=haproxy`")
+
 
 def build(args: dict[str, Any]) -> Any:
     """Application builder: ``serve run graphs.balance_route:build key=value ...``.
 
     Raises:
         GraphConfigError: a bad argument, or ``serve.host`` / ``serve.port`` (also as
-            ``host`` / ``port``; named).
+            ``host`` / ``port``) or ``serve.front`` (also as ``front``; named).
     """
     for key, value in args.items():
         path = field_path(key)
@@ -46,6 +53,8 @@ def build(args: dict[str, Any]) -> Any:
         for sub in ("host", "port"):
             if path == ("serve", sub) or sub in inner:
                 raise GraphConfigError(f"serve.{sub}: {HTTP_ARGS_MESSAGE}")
+        if key == "front" or path == ("serve", "front") or "front" in inner:
+            raise GraphConfigError(f"serve.front: {FRONT_MESSAGE}")
     return _build(args)
 
 

@@ -31,10 +31,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from br_serve.bench import peers, peers_report
+from br_serve.bench import peers, peers_report, serve_bench
 from br_serve.bench.peers_routers import ARMS, Arm, running_router
 from br_serve.bench.remote_engines import REMOTE_MODEL, engine_processes, engine_steps
-from br_serve.bench.serve_bench import _measure_graph, _replay
+from br_serve.bench.serve_bench import _measure_graph
 from br_serve.serve.cli import free_port, start_ray, stop_ray
 from br_serve.serve.config import parse_graph_config
 
@@ -44,6 +44,26 @@ try:
     from research import pinning
 except ModuleNotFoundError:
     import pinning  # type: ignore[no-redef]
+try:
+    from research.cpu_profile import CpuSampler
+except ModuleNotFoundError:
+    from cpu_profile import CpuSampler  # type: ignore[no-redef]
+
+#: the CPU sampler of the arm running now: the replay marks its wall window on it
+_CPU: list[CpuSampler] = []
+_orig_replay = serve_bench._replay
+
+
+async def _timed_replay(*a: Any, **k: Any) -> Any:
+    t0 = time.monotonic()
+    try:
+        return await _orig_replay(*a, **k)
+    finally:
+        if _CPU:
+            _CPU[-1].mark(t0, time.monotonic())
+
+
+serve_bench._replay = _timed_replay
 
 ROUTER = {"sglang": "smg:round_robin", "vllm": "vllm-router:round_robin"}
 METRICS = (("output_tok_s",), ("tpot_p50_ms",), ("tpot_p95_ms",), ("ttft_p50_ms",),
@@ -66,6 +86,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trace", required=True)
     ap.add_argument("--windows", type=int, default=4)
+    ap.add_argument("--only-window", type=int, default=None,
+                    help="run window I of --windows only (a driver interleaving sessions "
+                         "per window: research/front_compare.sh)")
     ap.add_argument("--window", type=int, default=48)
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--max-prompt", type=int, default=16384)
@@ -111,6 +134,8 @@ def main() -> int:
     base = parse_graph_config(opts)
     wins = peers.windows(args.trace, args.windows, args.window, args.max_prompt,
                          args.max_output, base.seed)
+    if args.only_window is not None:
+        wins = [w for w in wins if w.index == args.only_window]
     depths = [int(d) for d in args.depths.split(",")]
     pols = [p.strip() for p in args.policies.split(",") if p.strip()]
     qls = [q.strip() for q in args.queued_loads.split(",") if q.strip()]
@@ -135,7 +160,7 @@ def main() -> int:
     # dashboard agent's port file, and Python waits 30 s for the node to register
     for attempt in range(12):
         try:
-            start_ray(2)
+            start_ray(2, base.serve.front)
             break
         except Exception as exc:
             print(f"ray start-up failed ({exc}); attempt {attempt + 1}", flush=True)
@@ -157,12 +182,14 @@ def main() -> int:
                 try:
                     reqs = w.requests(True, 1.0)
                     with pinning.engine_cpus(None if cpus is None else cpus[0]), \
-                            pinning.AffinitySampler() as aff:
+                            pinning.AffinitySampler() as aff, CpuSampler() as cpu:
+                        _CPU[:] = [cpu]
                         m = (run_router(arm, protocol, base, reqs, args.timeout)
                              if depth is None else
                              run_graph(protocol, base, arm.rule, depth, reqs, args.timeout,
                                        dict(arm.sim_options)))
                     m["affinity"] = aff.result()
+                    m["cpu"] = cpu.result()
                 except Exception as exc:  # recorded, not fatal
                     m = {"failed": f"{type(exc).__name__}: {exc}"[:500]}
                 m["host_load_1m"] = load[0]
@@ -179,6 +206,8 @@ def main() -> int:
                       f"{eng.get('mean_running')} waiting {eng.get('mean_waiting')} "
                       f"lag {(m.get('engine_lag') or {}).get('lag_s')} "
                       f"lost {m.get('requests_lost')} {m.get('failed', '')}", flush=True)
+                for r, v in list((m.get("cpu") or {}).get("roles", {}).items())[:10]:
+                    print(f"    cpu {r}: {v['cpu_s']} s ({v['processes']} proc)", flush=True)
                 for r, v in (m.get("affinity") or {}).get("roles", {}).items():
                     print(f"    {r}: {v['processes']} proc, cpus {v['cpus_allowed']}",
                           flush=True)
@@ -218,7 +247,7 @@ def run_router(arm: Arm, protocol: str, base: Any, reqs: list[Any], timeout_s: f
         port = free_port()
         with running_router(arm, port, purl, durl, base.replicas, REMOTE_MODEL, None):
             since = peers._steps_now(durl)
-            asyncio.run(_replay(port, reqs, timeout_s, REMOTE_MODEL))
+            asyncio.run(serve_bench._replay(port, reqs, timeout_s, REMOTE_MODEL))
         eng = peers.engine_metrics(durl, since)
         lag = engine_lag(durl, since)
     return {**peers.client_metrics(reqs), "engine": eng, "engine_lag": lag,

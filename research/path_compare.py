@@ -21,7 +21,8 @@ from typing import Any
 from br_serve.bench import peers_report
 
 METRICS = (("output_tok_s",), ("tpot_p50_ms",), ("tpot_p95_ms",), ("ttft_p50_ms",),
-           ("ttft_p95_ms",), ("engine", "tokens_per_busy_s"), ("engine_lag", "span_s"))
+           ("ttft_p95_ms",), ("engine", "tokens_per_busy_s"), ("engine_lag", "span_s"),
+           ("cpu", "total_cpu_s"))
 
 
 def combine(inputs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

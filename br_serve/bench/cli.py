@@ -47,7 +47,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if baseline not in labels:
         raise ValueError(f"--baseline: {baseline!r} is not one of the runs "
                          f"({', '.join(labels)})")
-    start_ray(args.num_cpus)
+    start_ray(args.num_cpus, base.serve.front)
     try:
         res = run_bench(base, planned, trace, Path(args.out), args.timeout,
                         repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds,

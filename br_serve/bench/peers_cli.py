@@ -103,7 +103,7 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     if args.resim:
         rows, cap, config = _measured(args.resim, config)
     else:
-        start_ray(args.num_cpus)
+        start_ray(args.num_cpus, base.serve.front)
         try:
             rows = peers.run_plan(plan) + kept
             cap = None

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from br_serve.serve.config import GraphConfig, parse_graph_config
+from br_serve.serve.config import GraphConfig, GraphConfigError, parse_graph_config
 
 
 def kv_args(items: list[str]) -> dict[str, str]:
@@ -36,9 +36,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_ray(num_cpus: int | None) -> None:
+#: the environment switch of Serve's HAProxy ingress (read by Ray's processes at start)
+HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
+
+
+def start_ray(num_cpus: int | None, front: str = "proxy") -> None:
+    """A local Ray for ``br-serve``'s own launchers, with ``front`` (``serve.front``) as
+    Serve's HTTP front door: Ray's processes take it from this process's environment.
+
+    Raises:
+        GraphConfigError: ``front`` is ``proxy`` but the environment asks Ray for the
+            HAProxy front (``RAY_SERVE_ENABLE_HA_PROXY=1``): one of the two would be
+            ignored.
+    """
     # Local single-user clusters: Ray's token auth would need a token per client.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if front == "haproxy":
+        os.environ[HAPROXY_ENV] = "1"
+    elif os.environ.get(HAPROXY_ENV, "0") != "0":
+        raise GraphConfigError(
+            f"serve.front: is {front!r} but {HAPROXY_ENV}={os.environ[HAPROXY_ENV]} is set "
+            "in the environment, which starts Serve's HAProxy front door; set "
+            f"serve.front=haproxy, or unset {HAPROXY_ENV}")
     import ray
 
     ray.init(include_dashboard=False, num_cpus=num_cpus,
@@ -58,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = parse_graph_config(kv_args(args.set))
     from br_serve.serve.graph import deploy
 
-    start_ray(args.num_cpus)
+    start_ray(args.num_cpus, cfg.serve.front)
     try:
         deploy(cfg)
         print(f"serving {cfg.serve.model!r} on http://{cfg.serve.host}:{cfg.serve.port}/v1 "
@@ -102,7 +121,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfg = parse_graph_config(opts)
     from br_serve.serve.graph import deploy
 
-    start_ray(args.num_cpus)
+    start_ray(args.num_cpus, cfg.serve.front)
     try:
         t0 = time.perf_counter()
         deploy(cfg)

@@ -111,6 +111,14 @@ class ServeConfig(Section):
     builder argument: Serve's proxy starts before the app is built)."""
     port: int = Field(default=8000, ge=0, le=65535)
     """HTTP port (as ``host``)."""
+    front: Literal["proxy", "haproxy"] = "proxy"
+    """The HTTP front door, chosen where ``br-serve`` starts Ray (``deploy``, ``serve``,
+    ``demo``, the benches): ``proxy``, Serve's Python HTTP proxy, which relays every
+    request and every streamed chunk to the ingress replica through Ray; ``haproxy``,
+    Serve's HAProxy ingress (``RAY_SERVE_ENABLE_HA_PROXY=1``): HAProxy listens on
+    ``host:port`` and forwards each connection to the ingress replica's own HTTP server,
+    which cuts the graph's CPU per streamed token (docs/serving.md, "Front door").
+    Refused as a ``serve run`` builder argument: it is fixed when Ray starts."""
     api_key: str | None = None
     """When set (or ``BR_SERVE_API_KEY`` is), every endpoint but ``/health`` needs
     ``Authorization: Bearer <key>``."""

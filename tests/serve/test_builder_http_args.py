@@ -1,4 +1,5 @@
-"""``serve run graphs.balance_route:build host=... port=...`` is refused, not ignored."""
+"""``serve run graphs.balance_route:build host=... port=... front=...`` is refused, not ignored;
+so is a front door the environment contradicts."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ def test_builder_refuses_http_address_arguments(key: str) -> None:
     assert build({"replicas": "2"}) is not None  # everything else still builds
 
 
+def test_builder_refuses_the_front_door() -> None:
+    """``serve.front`` is fixed when Ray starts: refused by name, with what to set."""
+    from graphs.balance_route import build
+
+    for args in ({"front": "haproxy"}, {"serve.front": "haproxy"},
+                 {"serve": {"front": "proxy"}}):
+        with pytest.raises(GraphConfigError,
+                           match=r"^serve.front: cannot be a builder.*RAY_SERVE_ENABLE_HA_PROXY"):
+            build(args)
+
+
 @pytest.mark.slow
 def test_serve_run_fails_fast_with_the_message() -> None:
     """The real CLI: the builder runs before Ray starts, so this starts no cluster."""
@@ -40,3 +52,15 @@ def test_serve_run_fails_fast_with_the_message() -> None:
     assert r.returncode != 0
     assert "port: cannot be a builder argument" in r.stdout + r.stderr
     assert "Started a local Ray instance" not in r.stdout + r.stderr
+
+
+def test_start_ray_refuses_a_front_the_environment_contradicts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve.front=proxy`` with ``RAY_SERVE_ENABLE_HA_PROXY=1`` in the environment would
+    start HAProxy anyway: refused by name before any Ray starts."""
+    from br_serve.serve.cli import HAPROXY_ENV, start_ray
+
+    monkeypatch.setenv(HAPROXY_ENV, "1")
+    with pytest.raises(GraphConfigError, match=r"^serve.front: is 'proxy' but "
+                                               r"RAY_SERVE_ENABLE_HA_PROXY=1"):
+        start_ray(1, "proxy")
