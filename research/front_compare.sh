@@ -7,12 +7,13 @@
 # within each window (the front is fixed when Ray starts), merged per front, then
 # research/path_compare.py writes the paired gains. Every session records per-role CPU.
 #   bash research/front_compare.sh OUT.json [WINDOWS] [GAP_BENCH ARGS...]
+# (FIRST=i in the environment: only windows i..WINDOWS-1 of the WINDOWS drawn)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$1; N=${2:-4}; shift 2 || shift $#
 PY=${PY:-.venv/bin/python}
 TMP=$(mktemp -d)
-for w in $(seq 0 $((N - 1))); do
+for w in $(seq "${FIRST:-0}" $((N - 1))); do
   for front in proxy haproxy; do
     "$PY" research/gap_bench.py --windows "$N" --only-window "$w" "$@" --set serve.front=$front \
       --out "$TMP/$front-$w.json"
