@@ -9,15 +9,20 @@ no Prefill deployment: each ingress replica calls the prefill servers itself
 (:mod:`br_serve.serve.frontend.prefilling`).
 ``deploy(cfg)`` starts Serve's HTTP proxy on ``cfg.serve.host:cfg.serve.port`` and runs
 the application (for the demo, tests and benchmarks; users run
-``serve run graphs.balance_route:app``).
+``serve run graphs.balance_route:app``); behind Serve's HAProxy front
+(``serve.front=haproxy``) it also waits for HAProxy's direct path to the ingress
+(:mod:`br_serve.serve.front`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from br_serve.serve.config import GraphConfig, parse_graph_config
+
+log = logging.getLogger(__name__)
 
 
 def build(args: Mapping[str, Any] | GraphConfig | None = None) -> Any:
@@ -74,6 +79,8 @@ def check_remote_engines(cfg: GraphConfig) -> GraphConfig:
 #: most seconds the preflight waits for one probe prefill (a cold CPU vLLM answers its
 #: first request in a few seconds)
 PREFLIGHT_PROBE_S = 30.0
+#: how long ``deploy`` waits for HAProxy's direct path to the ingress (serve.front=haproxy)
+FRONT_WAIT_S = 60.0
 
 
 def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) -> Any:
@@ -95,6 +102,13 @@ def deploy(cfg: GraphConfig, route_prefix: str = "/", blocking: bool = False) ->
         raise RuntimeError(f"{exc} {why}") from exc
     # Wait until the scheduler has found the replicas and formed the barrier group.
     handle.state.remote().result(timeout_s=120)
+    if cfg.serve.front == "haproxy":
+        from br_serve.serve.front import wait_direct
+
+        if not wait_direct(cfg.serve.app_name, FRONT_WAIT_S):
+            log.warning("HAProxy has no ingress replica of %r up after %.0f s: new "
+                        "connections go through Serve's Python proxy (its fallback) "
+                        "until one is", cfg.serve.app_name, FRONT_WAIT_S)
     return handle
 
 

@@ -79,13 +79,23 @@ def _listener_comm(port: int) -> set[str]:
 
 
 def test_haproxy_is_the_front_door(port: int) -> None:
-    """The graph's port is HAProxy's, not Serve's Python proxy's."""
+    """The graph's port is HAProxy's, not Serve's Python proxy's, and ``deploy``
+    returned with the direct path to the ingress replica up."""
+    from br_serve.serve.front import servers
+
     assert _listener_comm(port) == {"haproxy"}
     assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+    rows = servers("balance_route")
+    assert [s.status for s in rows if not s.backup] == ["UP"], rows  # one ingress replica
+    assert [s.backup for s in rows].count(True) == 1, rows  # Serve's proxy, the fallback
 
 
 def test_concurrent_streams_are_exact(port: int) -> None:
-    """64 concurrent streams through HAProxy each get exactly their tokens."""
+    """64 concurrent streams through HAProxy each get exactly their tokens, over the
+    direct path (the replica's server took every connection, the fallback none)."""
+    from br_serve.serve.front import servers
+
+    before = {s.name: s.sessions_total for s in servers("balance_route")}
     async def run() -> list[object]:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120,
                                      limits=httpx.Limits(max_connections=100)) as c:
@@ -97,6 +107,9 @@ def test_concurrent_streams_are_exact(port: int) -> None:
     for i, res in enumerate(results):
         assert res.status == 200 and res.done and res.error is None, (i, res)  # type: ignore[attr-defined]
         assert res.texts == expected_texts(100 + i, 2, 16), i  # type: ignore[attr-defined]
+    after = servers("balance_route")
+    grew = {s.backup: s.sessions_total - before.get(s.name, 0) for s in after}
+    assert grew[True] == 0 and grew[False] >= 1, after
 
 
 def test_key_and_bad_input_get_openai_errors(port: int) -> None:
