@@ -66,6 +66,9 @@ RS=(--trace "$TMP/reasoning.jsonl" --format jsonl)
 ALL="r1-g8 mooncake-g8 azure-conv-g8 chat-rag-g8 reasoning-g8 r1-g16 chat-rag-g16"
 for c in ${*:-$ALL}; do
   case $c in
+    # brackets for the pooled search; per window (PER_REPLAY=1) capacities spread wider:
+    # the committed per-window cells used RATE_LO/RATE_HI r1-g8 0.2-1.6, azure-conv-g16
+    # 30-75, chat-rag-g8 0.15-2.0, chat-rag-g16 0.5-4.5 (results/capacity-paired/manifest.json)
     r1-g8) cell "$c" 8 61.0 0.2 1.2 "${R1[@]}" ;;
     r1-g16) cell "$c" 16 61.0 0.4 2.4 "${R1[@]}" ;;
     mooncake-g8) cell "$c" 8 159.6 1.5 3.5 "${MC[@]}" ;;
