@@ -22,7 +22,7 @@ import pytest
 
 from tests.realvllm import servers as sv
 from tests.realvllm.conftest import Fleet
-from tests.realvllm.shapes import diff, shape, stream_shape
+from tests.realvllm.shapes import diff, shape, sse_events, stream_shape
 from tests.serve.helpers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -109,15 +109,34 @@ def emulator() -> Iterator[str]:
 def ask(base: str, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
     r = httpx.post(f"{base}/v1/{endpoint}", json=body, timeout=120)
     streamed = r.headers.get("content-type", "").startswith("text/event-stream")
+    events = 0
     if streamed:
         got: Any = stream_shape(r.content)
+        events = len(sse_events(r.content))
     else:
         try:
             got = shape(r.json())
         except ValueError:
             got = f"not JSON: {r.text[:80]!r}"
-    return {"status": r.status_code, "sse": streamed, "shape": got,
+    return {"status": r.status_code, "sse": streamed, "shape": got, "events": events,
             "body": r.text[:600]}
+
+
+def ask_unmerged(base: str, endpoint: str, body: dict[str, Any], tries: int = 3
+                 ) -> dict[str, Any]:
+    """:func:`ask` of the real server; a stream is asked up to ``tries`` times and the
+    answer with the most events kept. vLLM's API server puts the tokens its output loop
+    finds waiting into one chunk, so on a loaded host a 3-token stream can arrive as one
+    chunk (seen once in CI: ``repeated False | True`` on the continuous-usage case). The
+    shapes compared are those of its unmerged stream, one token per chunk."""
+    best = ask(base, endpoint, body)
+    for _ in range(tries - 1):
+        if not best["sse"]:
+            break
+        again = ask(base, endpoint, body)
+        if again["events"] > best["events"]:
+            best = again
+    return best
 
 
 def compare(real: dict[str, Any], emu: dict[str, Any]) -> list[str]:
@@ -146,7 +165,7 @@ def test_emulator_matches_real_vllm(fleet: Fleet, emulator: str) -> None:
     real_url = fleet.decode.url
     rows, unexplained = [], []
     for name, endpoint, body in CASES:
-        real, emu = ask(real_url, endpoint, body), ask(emulator, endpoint, body)
+        real, emu = ask_unmerged(real_url, endpoint, body), ask(emulator, endpoint, body)
         found = compare(real, emu)
         why, statuses = DELIBERATE.get(name, ("", None))
         if statuses is None:
