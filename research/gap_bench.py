@@ -98,6 +98,10 @@ def main() -> int:
     ap.add_argument("--queued-loads", default="",
                     help="br0's policy.options.queued_load values, one arm each at every "
                          "depth > 0 (empty: the policy's default, one arm)")
+    ap.add_argument("--option-arms", default="",
+                    help="more arms of the first policy at the last depth, each with "
+                         "policy options: NAME:key=value[+key=value],... (e.g. "
+                         "hold0:hold_min_busy_share=0)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--engine-cpus", default="",
@@ -149,6 +153,14 @@ def main() -> int:
                 else:
                     plain.append((protocol, Arm(f"graph:{pol}:d{d}", "graph", pol, (), pol),
                                   d))
+        for spec in [o.strip() for o in args.option_arms.split(",") if o.strip()]:
+            name, _, kvs = spec.partition(":")
+            parts = [kv.partition("=") for kv in kvs.split("+") if kv]
+            if not name or not parts or any(not k or not eq for k, eq, _ in parts):
+                ap.error(f"--option-arms: {spec!r} is not NAME:key=value[+key=value]")
+            pairs = tuple((k, v) for k, _, v in parts)
+            plain.append((protocol, Arm(f"graph:{pols[0]}:d{depths[-1]}:{name}", "graph",
+                                        pols[0], (), pols[0], pairs), depths[-1]))
         plain.append((protocol, ARMS[ROUTER[protocol]], None))
     # per window: every arm pinned, then (--also-shared) every arm unpinned
     arms = [(p, replace(a, label=a.label + tag), d) for tag, _ in pins for p, a, d in plain]
