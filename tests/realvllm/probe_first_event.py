@@ -7,8 +7,9 @@ graph's first-event delay on real vLLM, per layout. Run explicitly:
 It streams ``N`` requests of 1,800 tokens one after another, alternating the HTTP front
 door and the Serve handle, and prints per request the time to the first event, the
 total time and the events received. With two decode ranks (DP=2 and external DP) the
-first event trailed the engine's decode by 6-9 s in about one request of four, with
-every token arriving together afterwards (docs/vllm-cpu.md, "Known problem").
+first event trailed the engine's decode by 1.6-9 s in about one request of three, with
+every token arriving together afterwards: the replicas' step threads and barrier were
+descheduled on the saturated 2-core host (docs/vllm-cpu.md, "Known problem").
 """
 
 from __future__ import annotations

@@ -12,12 +12,14 @@ must be refused before its prefill runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
 
 from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import parse_graph_config
+from br_serve.serve.frontend import streams
 from br_serve.serve.frontend.streams import GenerateError, Streamer
 from br_serve.serve.wire.messages import Admitted, PrefillOutput
 from br_serve.transport.base import KVHandle
@@ -189,3 +191,75 @@ def test_sse_chunk_template_writes_the_same_bytes(chat: bool) -> None:
     for text in (" t1", 'a"b\\', "é\n\u2028", ""):
         want = json.dumps(oa.chunk_body("cmpl-x", "br-emulated", text, None, chat))
         assert tpl.event(text) == f"data: {want}\n\n"
+
+
+def _tok(rid: str, index: int, last: bool = False) -> tuple[Any, ...]:
+    return (rid, -1, f"t{index}", index, last, "length" if last else None)
+
+
+def test_last_tokens_that_trail_the_finish_report_are_not_a_loss(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured on real vLLM: the scheduler heard that the replica finished a request
+    before this ingress got its last tokens, and the watchdog's one check re-prefilled
+    a stream that was complete. Here the first check finds the request nowhere while
+    its last tokens arrive: the stream ends with them, prefilled once."""
+    monkeypatch.setattr(streams, "_WATCHDOG_S", 0.05)
+
+    async def go() -> None:
+        s, sched, _, _ = _world("queued")
+        rid = f"{s.owner}-1"
+        loop = asyncio.get_running_loop()
+
+        def submit(entry: Any) -> str:  # admitted on replica 0, one token, then silence
+            loop.call_soon(s._route, 0, [Admitted(rid, 0), _tok(rid, 1)])
+            return "queued"
+
+        def locate(r: str) -> tuple[str, None]:  # finished there; last tokens in flight
+            loop.call_soon(s._route, 0, [_tok(rid, 2), _tok(rid, 3, last=True)])
+            return ("unknown", None)
+
+        sched.answers.update(submit=submit, locate=locate)
+        toks = [t async for t in s.generate("a b c", _params(4))]
+        assert [t.index for t in toks] == [0, 1, 2, 3] and toks[-1].finished
+        assert all(t.error is None for t in toks)
+        assert len(s.prefill.called("prefill")) == 1 and len(sched.called("locate")) == 1
+        await s.close()
+
+    asyncio.run(asyncio.wait_for(go(), 20))  # a re-prefill loop would not end
+
+
+def test_a_request_no_replica_runs_is_lost_after_two_silent_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams, "_WATCHDOG_S", 0.05)
+
+    async def go() -> None:
+        s, sched, _, _ = _world("queued")
+        rid = f"{s.owner}-1"
+        loop = asyncio.get_running_loop()
+
+        def submit(entry: Any) -> str:
+            if entry.request_id == rid:
+                loop.call_soon(s._route, 0, [Admitted(rid, 0), _tok(rid, 1)])
+            return "queued"
+
+        sched.answers.update(submit=submit, locate=("unknown", None))
+        got: list[int] = []
+
+        async def read() -> None:
+            async for t in s.generate("a b c", _params(4)):
+                got.append(t.index)
+
+        reader = asyncio.create_task(read())
+        for _ in range(200):  # the re-prefill comes after two checks, not one
+            if len(s.prefill.called("prefill")) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert got[:2] == [0, 1]
+        assert len(s.prefill.called("prefill")) == 2
+        assert len(sched.called("locate")) == 2
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await s.close()
+
+    asyncio.run(asyncio.wait_for(go(), 20))  # a re-prefill loop would not end
