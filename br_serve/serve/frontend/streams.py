@@ -300,7 +300,11 @@ class Streamer(StreamerIO):
                 if status == "no_replica":
                     return "fatal: no decode replica is alive"
             elif where is not None:
-                return f"lost: replica {where} no longer runs it" if confirm else _UNCONFIRMED
+                if confirm:
+                    return f"lost: replica {where} no longer runs it"
+                log.warning("ingress: %s silent and on no replica per the scheduler; checking "
+                         "again in %g s", rid, _WATCHDOG_S)
+                return _UNCONFIRMED
         return ""
 
     def _forget(self, rid: str, finished: bool = False) -> None:
