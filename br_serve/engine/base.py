@@ -83,16 +83,10 @@ class EngineCapabilities:
     installed now rather than at the next token. ``fails_streams``: a request can fail
     on its own, outside ``step``'s return value (a remote stream that breaks), and
     :meth:`DecodeEngine.take_failures` hands those failures over after each step.
-    ``tokens_precede_barrier``: the tokens ``step`` returns were made elsewhere, by an
-    engine that keeps its own lock-step (a remote rank), so the replica hands them to
-    their streams before the graph's barrier exchange, which then only keeps the books.
-    Off, a step's tokens leave after the exchange, when every rank finished the step,
-    as a lock-step engine's do (the emulated and local engines model that step).
     """
 
     wakes_on_admit: bool = False
     fails_streams: bool = False
-    tokens_precede_barrier: bool = False
 
 
 class PrefillEngine(Protocol):

@@ -78,10 +78,9 @@ class RemoteDecodeEngine(DecodeEngine):
     engine at ``url``. ``clock`` only times the waits of :meth:`step`."""
 
     #: its step waits for the remote streams' tokens (an admission must wake it), and
-    #: a stream can break on its own (reported by :meth:`take_failures`), and its
-    #: tokens come from an engine that keeps its own lock-step
-    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(
-        wakes_on_admit=True, fails_streams=True, tokens_precede_barrier=True)
+    #: a stream can break on its own (reported by :meth:`take_failures`)
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(wakes_on_admit=True,
+                                                                    fails_streams=True)
 
     def __init__(self, url: str, pin: int | None, timeouts: Timeouts | None = None,
                  api_key: str | None = None, *, gather_s: float = 0.004,

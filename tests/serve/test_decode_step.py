@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from br_serve.engine.base import EngineCapabilities, SamplingParams
+from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import parse_graph_config
 from br_serve.serve.replica.decode import DecodeReplica
 from br_serve.serve.wire.messages import Admission, ReplicaReport
@@ -161,42 +161,3 @@ def test_a_hidden_emulated_slowdown_reaches_only_its_replica() -> None:
         finally:
             asyncio.run(rep.shutdown())
             rep._thread.join(5)
-
-
-@pytest.mark.parametrize("early", [False, True], ids=["lockstep-engine", "remote-engine"])
-def test_a_steps_tokens_leave_before_the_barrier_only_when_made_elsewhere(
-        early: bool) -> None:
-    """A remote rank's tokens exist before the graph's barrier (the engine keeps its own
-    lock-step): they go to their streams before the exchange, so a slow peer rank does
-    not hold them (measured on real vLLM: seconds). An engine whose step is the
-    lock-step compute releases them after it, when every rank finished the step."""
-    rep = DecodeReplica(0, parse_graph_config(slots=4, step_b_s=0.005,
-                                              engine_kv_bytes_per_token=KV_BYTES_PER_TOKEN),
-                        "no-scheduler")
-    rep.on_fatal = _fail
-    rep.lease, _ = fake_lease(RecordingTransport())
-    rep._tell_scheduler = lambda method, *args: True  # type: ignore[method-assign]
-    rep._caps = EngineCapabilities(tokens_precede_barrier=early)
-    seen: list[int] = []  # tokens in the outbox when each exchange began
-
-    class PeekingBarrier(FakeBarrier):
-        def exchange(self, load_tokens: int, running: int, reports: int = 0,
-                     compute_s: float = 0.0) -> np.ndarray:
-            with rep._lock:
-                seen.append(sum(type(e) is tuple for e in rep._outbox["ingress-x"]))
-            return super().exchange(load_tokens, running, reports, compute_s)
-
-    try:
-        asyncio.run(rep.admit(_admission("a", 5, 3)))  # two decode steps
-        rep._loop = None
-        with rep._lock:
-            rep._barrier = PeekingBarrier()  # type: ignore[assignment]
-            rep._wake_step.notify_all()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(seen) < 2:
-            time.sleep(0.01)
-        assert seen[:2] == ([1, 2] if early else [0, 1])
-    finally:
-        asyncio.run(rep.shutdown())
-        rep._thread.join(5)
-    assert not FATAL

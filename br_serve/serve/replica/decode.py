@@ -364,17 +364,13 @@ class DecodeReplica:
         with self._lock:
             news = self.core.after_step(events, failures, barrier_step=barrier.steps + 1,
                                         now_s=t1, fresh_channel=fresh)
-        early = self._caps.tokens_precede_barrier
-        if early:  # measured on real vLLM: a descheduled peer rank held them for seconds
-            self._emit_all(news.events)
         try:
             rows = barrier.exchange(step_load, step_running, int(news.report), t1 - t0)
         except BarrierError as exc:
             log.warning("replica %d: %s", self.index, exc)
             rows = None
         t2 = time.perf_counter()
-        if not early:
-            self._emit_all(news.events)
+        self._emit_all(news.events)
         with self._lock:
             self.core.count_step()
             if rows is None:
