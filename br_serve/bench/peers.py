@@ -19,15 +19,14 @@ the window's arrivals divided by ``rate_scale``). Every stream is checked token 
   ``barrier_idle_share``, ``mean_running`` per rank, ``mean_step_ms``.
 
 Then paired gains over ``round_robin`` of each protocol and of the graph over the best
-real router (:mod:`br_serve.bench.peers_report`), capacity at an SLO by bisection on the
-arrival rate (:func:`capacity_search`), and the simulator on the same windows with the
-policy that claims to model each rule (``sim_policy``).
+real router (:mod:`br_serve.bench.peers_report`), capacity at an SLO per window by
+bisection on the arrival rate (:mod:`br_serve.bench.peers_capacity`), and the simulator
+on the same windows with the policy that claims to model each rule (``sim_policy``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -207,39 +206,3 @@ _PROGRESS = ("output_tok_s", "tpot_p95_ms", "ttft_p50_ms", "requests_lost", "bad
 
 def _short(v: Any) -> Any:
     return round(v, 1) if isinstance(v, float) else v
-
-
-def capacity_search(plan: Plan, slo_tpot_p95_ms: float, slo_ttft_p95_s: float,
-                    lo_scale: float, hi_scale: float, rel_tol: float,
-                    progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Per arm, the largest rate multiplier in ``[lo_scale, hi_scale]`` at which the
-    mean over the windows of TPOT P95 and TTFT P95 meet the SLO (geometric bisection,
-    :class:`br_serve.sim.capacity.RateSearch`, the simulator's own search; each evaluation
-    replays every window on fresh engines)."""
-    from br_serve.sim.capacity import SLO, RateSearch
-
-    slo = SLO(slo_tpot_p95_ms, slo_ttft_p95_s)
-    base_rate = float(np.mean([w.rate_req_s for w in plan.windows]))
-    out = []
-    for protocol, arm in plan.arms:
-        search = RateSearch(lo_scale, hi_scale)
-        while (scale := search.next_rate(rel_tol)) is not None:
-            runs = []
-            for w in plan.windows:
-                with contextlib.suppress(Exception):
-                    runs.append(run_arm(arm, protocol, plan.base, w.requests(False, scale),
-                                        plan.timeout_s))
-            ok = [r for r in runs if r.get("requests_lost") == 0]
-            rows = ok if len(ok) == len(plan.windows) else [{}]
-            search.record(scale, [{**r, "throughput_tok_s": r.get("output_tok_s"),
-                                   "barrier_idle_share": r["engine"]["barrier_idle_share"]}
-                                  for r in rows] if rows != [{}] else [{}], slo)
-            progress(f"capacity {protocol} {arm.label} x{scale:.3g}: "
-                     f"meets={search.evals[scale]['meets']}")
-        met = search.evals.get(search.lo, {}).get("meets", False) and not search.failed_lo
-        out.append({"arm": arm.label, "protocol": protocol,
-                    "capacity_scale": search.lo if met else 0.0,
-                    "capacity_req_s": search.lo * base_rate if met else 0.0,
-                    "capped": met and search.lo == hi_scale,
-                    "evaluations": [search.evals[k] for k in sorted(search.evals)]})
-    return out

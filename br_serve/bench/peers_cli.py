@@ -67,7 +67,7 @@ def _measured(path: str, config: dict[str, Any]
 
 
 def cmd_bench_peers(args: argparse.Namespace) -> int:
-    from br_serve.bench import peers, peers_report
+    from br_serve.bench import peers, peers_capacity, peers_report
     from br_serve.serve.config import parse_graph_config
 
     if not Path(args.trace).exists():
@@ -83,6 +83,12 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     wins = peers.windows(args.trace, args.windows, args.window, args.max_prompt,
                          args.max_output, base.seed)
     arms = _arms(args, base.policy.name)
+    slo = peers_capacity.default_slo(base, wins, args.slo_tpot_p95_ms, args.slo_ttft_p95_s)
+    if args.capacity and not 0 < args.capacity_lo < args.capacity_hi:
+        raise ValueError(f"--capacity-lo/--capacity-hi: need 0 < lo < hi (got "
+                         f"{args.capacity_lo}, {args.capacity_hi})")
+    if args.capacity and args.capacity_tol <= 0:
+        raise ValueError(f"--capacity-tol: must be > 0 (got {args.capacity_tol})")
     if args.resim and args.keep_router_runs:
         raise ValueError("--resim and --keep-router-runs: give one")
     live = [(p, a) for p, a in arms if a.router == "graph" or not args.keep_router_runs]
@@ -108,16 +114,19 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             rows = peers.run_plan(plan) + kept
             cap = None
             if args.capacity:
-                cap = peers.capacity_search(plan, args.slo_tpot_p95_ms,
-                                            args.slo_ttft_p95_s, args.capacity_lo,
-                                            args.capacity_hi, args.capacity_tol)
+                cap = peers_capacity.capacity_per_window(
+                    plan, slo, args.capacity_lo, args.capacity_hi, args.capacity_tol)
         finally:
             stop_ray()
     result: dict[str, Any] = {"config": config, "runs": rows,
                               "summary": peers_report.summarise(rows), "capacity": cap}
     if cap is not None:
-        result["slo"] = {"tpot_p95_ms": args.slo_tpot_p95_ms,
-                         "ttft_p95_s": args.slo_ttft_p95_s}
+        result["slo"] = {"tpot_p95_ms": slo.tpot_p95_ms, "ttft_p95_s": slo.ttft_p95_s,
+                         "rule": "given" if args.slo_tpot_p95_ms is not None else
+                         f"TPOT P95 <= {peers_capacity.TPOT_STEP_FACTOR} x a full balanced "
+                         "replica's step (b + a * slots * (mean prompt + mean output / 2))",
+                         "bracket": [args.capacity_lo, args.capacity_hi],
+                         "rel_tol": args.capacity_tol}
     if args.sim:
         sims = {}
         for saturated in (True, False) if scales else (True,):
@@ -159,14 +168,17 @@ def register(sub: Any) -> None:
     p.add_argument("--timed-scales", default="",
                    help="comma list of arrival-rate multipliers for timed replays")
     p.add_argument("--capacity", action="store_true",
-                   help="bisect each arm's capacity at the SLO (timed replays)")
-    p.add_argument("--slo-tpot-p95-ms", type=float, default=200.0)
+                   help="bisect each arm's capacity at the SLO on each window alone "
+                        "(timed replays), paired by window")
+    p.add_argument("--slo-tpot-p95-ms", type=float, default=None,
+                   help="TPOT P95 bound (default: 1.25 x the step of a full, balanced "
+                        "replica of the windows' mean-size requests)")
     p.add_argument("--slo-ttft-p95-s", type=float, default=10.0)
-    p.add_argument("--capacity-lo", type=float, default=1.0,
-                   help="lowest rate multiplier of the search")
-    p.add_argument("--capacity-hi", type=float, default=16.0,
-                   help="highest rate multiplier of the search")
-    p.add_argument("--capacity-tol", type=float, default=0.1,
+    p.add_argument("--capacity-lo", type=float, default=0.25,
+                   help="lowest multiplier of a window's own arrival rate")
+    p.add_argument("--capacity-hi", type=float, default=4.0,
+                   help="highest multiplier of a window's own arrival rate")
+    p.add_argument("--capacity-tol", type=float, default=0.05,
                    help="stop when hi / lo - 1 is below this")
     p.add_argument("--sim", action="store_true",
                    help="simulate each arm's model policy on the same windows")

@@ -189,10 +189,17 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{r['lost']} |")
         lines.append("")
     if result.get("capacity"):
-        lines += ["### capacity at the SLO", "", "| protocol | arm | rate x | req/s |",
-                  "|---|---|---|---|"]
-        lines += [f"| {c['protocol']} | {c['arm']} | {_f(c['capacity_scale'], 2)} | "
-                  f"{_f(c['capacity_req_s'], 2)} |" for c in result["capacity"]]
+        slo = result.get("slo", {})
+        lines += [f"### capacity at the SLO (TPOT P95 <= {_f(slo.get('tpot_p95_ms'))} ms, "
+                  f"TTFT P95 <= {_f(slo.get('ttft_p95_s'))} s; per window, paired)", "",
+                  "| protocol | arm | req/s (mean over windows) | windows met / capped | "
+                  "vs round robin | graph vs best router | TPOT P95 ms at it | TTFT P95 s "
+                  "at it | barrier idle at it |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {c['protocol']} | {c['arm']} | {_f(c['capacity_req_s'], 3)} | "
+                  f"{c['windows_met']} / {c['windows_capped']} | "
+                  f"{_g(c.get('vs_round_robin'))} | {_g(c.get('vs_best_router'))} | "
+                  f"{_f(c['tpot_p95_ms'])} | {_f(c['ttft_p95_s'], 2)} | "
+                  f"{_f(c['barrier_idle_share'], 3)} |" for c in result["capacity"]]
         lines.append("")
     if result.get("agreement"):
         lines += ["### simulator vs real (saturated, engine tok/busy-s gain over round "
