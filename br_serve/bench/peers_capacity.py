@@ -123,7 +123,10 @@ def _arm_row(protocol: str, label: str, router: str,
                     "tpot_p95_ms": at.get("tpot_p95_ms"), "ttft_p95_s": at.get("ttft_p95_s"),
                     "output_tok_s": at.get("throughput_tok_s"),
                     "barrier_idle_share": at.get("barrier_idle_share"),
-                    "evaluations": [{"scale": k, **st.evals[k]} for k in sorted(st.evals)]})
+                    # the search runs on the multiplier, so its own ``req_s`` is the
+                    # scale: report the window's rate instead
+                    "evaluations": [{**st.evals[k], "scale": k, "req_s": k * w.rate_req_s}
+                                    for k in sorted(st.evals)]})
 
     def mean(key: str) -> float | None:
         xs = [float(v) for p in per if (v := p[key]) is not None]

@@ -61,6 +61,8 @@ def test_each_window_is_searched_alone_and_compared_pairwise() -> None:
         assert cap / 1.02 <= got <= cap  # within the tolerance, never above
         assert by[arm]["per_window"][w]["capacity_req_s"] == pytest.approx(
             got * wins[w].rate_req_s)
+        for e in by[arm]["per_window"][w]["evaluations"]:
+            assert e["req_s"] == pytest.approx(e["scale"] * wins[w].rate_req_s)
     # the graph against the best router (round robin): +50% and 0% -> mean +25%
     vs = by["graph:br0"]["vs_best_router"]
     assert by["graph:br0"]["best_router"] == "smg:round_robin"
