@@ -39,8 +39,7 @@ def equal_rate(result: dict[str, Any], arm: str, base: str,
                           "meets": [e["meets"], o["meets"]]})
 
     def gain(key: str) -> dict[str, Any]:
-        s = paired([p[key][0] / p[key][1] - 1.0 for p in pairs])
-        return {"mean": s.mean, "ci95": list(s.ci95) if s.ci95 else None, "n": s.n}
+        return paired([p[key][0] / p[key][1] - 1.0 for p in pairs]).as_dict()
 
     return {"arm": arm, "base": base, "protocol": protocol, "slo": result.get("slo"),
             "pairs": pairs, "tpot_p95": gain("tpot_p95_ms"), "ttft_p95": gain("ttft_p95_s")}

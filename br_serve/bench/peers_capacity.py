@@ -149,8 +149,7 @@ def paired_ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
          if bw.get(p["window"], 0.0) > 0]
     if not d:
         return None
-    s = paired(d)
-    return {"mean": s.mean, "ci95": list(s.ci95) if s.ci95 else None, "n": s.n}
+    return paired(d).as_dict()
 
 
 def _compare(rows: list[dict[str, Any]]) -> None:

@@ -52,8 +52,7 @@ def gain(rows: list[dict[str, Any]], protocol: str, mode: str, scale: float, arm
     if not d:
         return None
     p = paired(d)
-    return {"mean": p.mean, "ci95": list(p.ci95) if p.ci95 else None, "n": p.n,
-            "tie": p.tie}
+    return {**p.as_dict(), "tie": p.tie}
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -93,6 +94,11 @@ class Paired:
     @property
     def tie(self) -> bool:
         return self.ci95 is None or self.ci95[0] <= 0.0 <= self.ci95[1]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form the benches write: ``{"mean", "ci95": [lo, hi] | None, "n"}``."""
+        return {"mean": self.mean, "ci95": list(self.ci95) if self.ci95 else None,
+                "n": self.n}
 
 
 def paired(values: Sequence[float]) -> Paired:

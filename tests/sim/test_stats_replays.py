@@ -52,6 +52,9 @@ def test_paired_statistics() -> None:
     assert paired([0.1, 0.2, 0.3, 0.6]).tie  # (-0.044, 0.644) holds 0
     one = paired([0.05])
     assert one.se is None and one.ci95 is None and one.tie
+    # The JSON form the benches write: a list interval, None without spread.
+    assert st1.as_dict() == {"mean": st1.mean, "ci95": list(st1.ci95 or ()), "n": 4}
+    assert one.as_dict() == {"mean": 0.05, "ci95": None, "n": 1}
     with pytest.raises(ValueError, match="no values"):
         paired([])
     with pytest.raises(ValueError, match="non-finite"):
