@@ -6,9 +6,13 @@ PyPI wheels of the ``[peers]`` extra, run as ``python -m <module>`` (sglang-rout
 smg both install a ``smg`` script, so the scripts clash; the modules do not):
 
 - ``smg`` (SGLang Model Gateway 1.13.0, module ``smg``): ``launch --pd-disaggregation
-  --prefill URL BOOTSTRAP_PORT --decode URL --dp-aware``, each decode rank one worker;
-  rules ``round_robin``, ``power_of_two``, ``cache_aware``, ``least_load`` and the DP-rank
-  rule ``--dp-minimum-tokens-scheduler``.
+  --prefill URL BOOTSTRAP_PORT --decode URL --dp-aware``, each decode rank one worker
+  ``URL@rank``; rules ``round_robin``, ``power_of_two``, ``cache_aware``, ``least_load``.
+  The DP-rank rule ``--dp-minimum-tokens-scheduler`` runs without ``--dp-aware``: under
+  it smg's load poll of a ``URL@rank`` worker never reaches the engine, so the rule has
+  no decode loads and the rank falls to the worker policy (round robin); without it the
+  decode worker is ``URL``, the poll reaches the engine and the rule picks the rank
+  (``research/smg_decode_loads.py``; :attr:`Arm.dp_aware`).
 - ``sglang-router`` (0.3.2, module ``sglang_router.launch_router``): the same flags.
   Its PD router with ``--dp-aware`` sends the decode request to the worker's
   ``http://host:port@rank`` name unsplit (read as user-info ``host:port`` and host
@@ -52,7 +56,9 @@ class Arm:
     """One router with one decode rule (or the graph, ``router == "graph"``).
 
     ``sim_policy``: the simulator policy that claims to model this rule (``None``: none
-    does), with ``sim_options`` (``(name, value)`` pairs); ``args``: the rule's flags.
+    does), with ``sim_options`` (``(name, value)`` pairs); ``args``: the rule's flags;
+    ``dp_aware``: start an SGLang-protocol router with ``--dp-aware`` (each decode rank
+    its own worker), which every rule that chooses a rank among workers needs.
     """
 
     label: str
@@ -61,6 +67,7 @@ class Arm:
     args: tuple[str, ...]
     sim_policy: str | None
     sim_options: tuple[tuple[str, str], ...] = ()
+    dp_aware: bool = True
 
     @property
     def protocol(self) -> str | None:
@@ -69,22 +76,27 @@ class Arm:
 
 #: arrival binding: the real routers choose the rank when the request arrives (docs/peers.md)
 _AT_ARRIVAL = (("bind", "arrival"),)
+#: no engine load report reaches the rule (smg's poll with --dp-aware; docs/peers.md)
+_NO_REPORTS = ("load_reports", "none")
 
 #: every rule bench-peers knows, by label, with the simulator policy (and options) that
 #: models it as bench-peers runs it (docs/peers.md, "Simulator against the real routers")
 ARMS: dict[str, Arm] = {a.label: a for a in (
     Arm("smg:round_robin", "smg", "round_robin", ("--policy", "round_robin"),
         "router_round_robin"),
+    # smg 1.13 with --dp-aware polls no decode load (a URL@rank worker's poll never
+    # reaches the engine): both rules run on the router's in-flight counts
     Arm("smg:power_of_two", "smg", "power_of_two", ("--policy", "power_of_two"),
-        "smg_power_of_two", _AT_ARRIVAL),
+        "smg_power_of_two", (*_AT_ARRIVAL, _NO_REPORTS)),
     Arm("smg:cache_aware", "smg", "cache_aware", ("--policy", "cache_aware"),
         "smg_cache_aware"),
     Arm("smg:least_load", "smg", "least_load", ("--policy", "least_load"), "smg_least_load",
-        _AT_ARRIVAL),
-    # the worker policy round_robin reads no request text: +1 per request between polls
+        (*_AT_ARRIVAL, _NO_REPORTS)),
+    # without --dp-aware, so the rule reads the polled per-rank loads; the worker policy
+    # round_robin reads no request text: +1 per request between polls
     Arm("smg:min_tokens", "smg", "dp_minimum_tokens",
         ("--policy", "round_robin", "--dp-minimum-tokens-scheduler"), "smg_min_tokens",
-        (*_AT_ARRIVAL, ("min_tokens_increment", "one"))),
+        (*_AT_ARRIVAL, ("min_tokens_increment", "one")), dp_aware=False),
     Arm("vllm-router:round_robin", "vllm-router", "round_robin", ("--policy", "round_robin"),
         "router_round_robin"),
     # 0.1.17's PD path never counts a decode request on its worker: both draws read 0
@@ -107,9 +119,11 @@ def router_available(router: str) -> str | None:
 
 
 def router_command(arm: Arm, port: int, prefill_url: str, decode_url: str,
-                   dp_size: int, dp_aware: bool = True, metrics_port: int = 0) -> list[str]:
+                   dp_size: int, dp_aware: bool | None = None,
+                   metrics_port: int = 0) -> list[str]:
     """The command line that starts ``arm``'s router on 127.0.0.1:``port``, its
-    Prometheus exporter on 127.0.0.1:``metrics_port`` (``0``: a free port now). Every
+    Prometheus exporter on 127.0.0.1:``metrics_port`` (``0``: a free port now);
+    ``dp_aware``: ``None`` takes ``arm.dp_aware``. Every
     router binds 0.0.0.0:29000 for Prometheus by default and panics at start-up when
     that port is taken, so two routers on one host (a bench beside a test, two users)
     would make each other fail."""
@@ -125,7 +139,7 @@ def router_command(arm: Arm, port: int, prefill_url: str, decode_url: str,
         bootstrap = prefill_url.rsplit(":", 1)[1]
         cmd = [*base, *common, "--pd-disaggregation", "--prefill", prefill_url, bootstrap,
                "--decode", decode_url]
-        if dp_aware:
+        if arm.dp_aware if dp_aware is None else dp_aware:
             cmd.append("--dp-aware")
     else:
         common[-1] = "warning"
@@ -168,7 +182,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def running_router(arm: Arm, port: int, prefill_url: str, decode_url: str, dp_size: int,
-                   model: str, log_path: Path | None = None, dp_aware: bool = True,
+                   model: str, log_path: Path | None = None, dp_aware: bool | None = None,
                    wait_s: float = 90.0) -> Iterator[str]:
     """Start ``arm``'s router, wait until a request goes through, yield its base URL;
     stop it (its process group) on exit."""

@@ -79,7 +79,12 @@ def test_windows_are_the_simulators_windows(tmp_path: Path) -> None:
 
 def test_router_command_lines() -> None:
     smg = router_command(ARMS["smg:min_tokens"], 9, "http://127.0.0.1:1", "http://x:2", 4)
-    assert smg[2:4] == ["smg", "launch"] and "--dp-aware" in smg
+    # the DP-rank rule reads the decode URL's polled loads: no --dp-aware (the arm's own)
+    assert smg[2:4] == ["smg", "launch"] and "--dp-aware" not in smg
+    assert "--dp-aware" in router_command(ARMS["smg:min_tokens"], 9, "http://127.0.0.1:1",
+                                          "http://x:2", 4, dp_aware=True)
+    assert "--dp-aware" in router_command(ARMS["smg:least_load"], 9, "http://127.0.0.1:1",
+                                          "http://x:2", 4)
     assert smg[smg.index("--prefill") + 2] == "1"  # the bootstrap port
     assert "--dp-minimum-tokens-scheduler" in smg and "127.0.0.1" in smg
     v = router_command(ARMS["vllm-router:consistent_hash"], 9, "http://p:1", "http://d:2", 8)

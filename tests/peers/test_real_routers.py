@@ -57,7 +57,7 @@ async def _many(url: str) -> list[tuple[list[str], list[str]]]:
         return await asyncio.gather(*(_stream(client, i) for i in range(STREAMS)))
 
 
-def _run(arm: Arm, tmp_path: Path, dp_aware: bool = True) -> dict[str, Any]:
+def _run(arm: Arm, tmp_path: Path, dp_aware: bool | None = None) -> dict[str, Any]:
     why = router_available(arm.router)
     if why is not None:
         pytest.skip(why)

@@ -73,6 +73,10 @@ def test_bench_arms_model_the_routers_as_run() -> None:
     assert dict(ARMS["vllm-router:power_of_two"].sim_options)["p2c_loads"] == "none"
     # round_robin as the worker policy reads no text: +1 per request between polls
     assert dict(ARMS["smg:min_tokens"].sim_options)["min_tokens_increment"] == "one"
+    # smg with --dp-aware polls no decode load: its rank rules run on in-flight counts
+    for label in ("smg:power_of_two", "smg:least_load"):
+        assert ARMS[label].dp_aware and dict(ARMS[label].sim_options)["load_reports"] == "none"
+    assert not ARMS["smg:min_tokens"].dp_aware
 
 
 def test_router_command_moves_prometheus_off_the_shared_default_port() -> None:
