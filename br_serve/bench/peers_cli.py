@@ -91,6 +91,8 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         raise ValueError(f"--capacity-tol: must be > 0 (got {args.capacity_tol})")
     if args.resim and args.keep_router_runs:
         raise ValueError("--resim and --keep-router-runs: give one")
+    if args.sim_seeds < 1:
+        raise ValueError(f"--sim-seeds: must be >= 1 (got {args.sim_seeds})")
     live = [(p, a) for p, a in arms if a.router == "graph" or not args.keep_router_runs]
     plan = peers.Plan(base, tuple(live), tuple(wins), not args.no_saturated, scales,
                       args.timeout)
@@ -135,7 +137,8 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             mode = "saturated" if saturated else "timed"
             pols = {a.label: (a.sim_policy, dict(a.sim_options)) for _, a in arms
                     if a.sim_policy}
-            sims[mode] = peers_report.simulate_windows(base, wins, pols, saturated)
+            sims[mode] = peers_report.simulate_windows(base, wins, pols, saturated,
+                                                       seeds=args.sim_seeds)
         result["sim"] = sims
         rr = {p: a.label for p, a in arms if a.rule == "round_robin" and a.router != "graph"}
         result["agreement"] = peers_report.agreement(result["summary"], sims["saturated"],
@@ -184,6 +187,9 @@ def register(sub: Any) -> None:
                    help="stop when hi / lo - 1 is below this")
     p.add_argument("--sim", action="store_true",
                    help="simulate each arm's model policy on the same windows")
+    p.add_argument("--sim-seeds", type=int, default=8,
+                   help="with --sim: seeds per window; each simulated metric is the mean "
+                        "over them (a random rule's prediction is its mean over draws)")
     p.add_argument("--resim", default=None, metavar="RESULT_JSON",
                    help="no live runs: take RESULT_JSON's runs (made with the same "
                         "--trace/--windows/--window/--max-*) and redo the summary, the "

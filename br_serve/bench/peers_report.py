@@ -98,10 +98,16 @@ def _means(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 def simulate_windows(base: Any, windows: list[Any],
                      policies: dict[str, tuple[str, dict[str, Any]]], saturated: bool,
-                     say: Callable[[str], None] = print) -> dict[str, Any]:
-    """``{arm: {"policy", "options", "throughput_tok_s": [per window], ...} |
+                     say: Callable[[str], None] = print, seeds: int = 1) -> dict[str, Any]:
+    """``{arm: {"policy", "options", "seeds", "throughput_tok_s": [per window], ...} |
     {"skipped": why}}``: each arm's simulator policy (name, options) on the same
-    windows and step model."""
+    windows and step model. Each window is simulated with ``seeds`` seeds (the graph's
+    seed and the next ones) and each metric is the mean over them: a rule that draws
+    at random (power of two, a hash ring) is predicted by its mean over draws, not by
+    one draw, which at 64 requests per window swings by whole waves; a deterministic
+    rule gives the same value for every seed."""
+    if seeds < 1:
+        raise ValueError(f"--sim-seeds: must be >= 1 (got {seeds})")
     from br_serve.bench.serve_report import simulate_one
     from br_serve.core.policy import POLICIES
     from br_serve.serve.config import parse_graph_config
@@ -114,16 +120,18 @@ def simulate_windows(base: Any, windows: list[Any],
             say(msg)
             out[arm] = {"policy": pol, "skipped": msg}
             continue
-        cfg = parse_graph_config(base, policy={"name": pol, "options": opts})
+        cfgs = [parse_graph_config(base, policy={"name": pol, "options": opts},
+                                   seed=base.seed + i) for i in range(seeds)]
         res: dict[str, list[Any]] = {"throughput_tok_s": [], "mean_imbalance_tokens": [],
                                      "tpot_p95_ms": [], "ttft_p50_ms": []}
         for w in windows:
             arr = [0.0] * len(w.arrival_s) if saturated else list(w.arrival_s)
-            s = simulate_one(Trace.build(arr, list(w.prompt_tokens),
-                                         list(w.output_tokens)), cfg)
+            trace = Trace.build(arr, list(w.prompt_tokens), list(w.output_tokens))
+            draws = [simulate_one(trace, cfg) for cfg in cfgs]
             for k in res:
-                res[k].append(s.get(k))
-        out[arm] = {"policy": pol, "options": opts, **res}
+                vals = [d[k] for d in draws if d.get(k) is not None]
+                res[k].append(sum(vals) / len(vals) if vals else None)
+        out[arm] = {"policy": pol, "options": opts, "seeds": seeds, **res}
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -85,3 +86,35 @@ def test_router_command_moves_prometheus_off_the_shared_default_port() -> None:
         port = int(cmd[cmd.index("--prometheus-port") + 1])
         assert port not in (0, 29000)
         assert cmd[cmd.index("--prometheus-host") + 1] == "127.0.0.1"
+
+
+def test_simulated_windows_average_a_random_rule_over_seeds() -> None:
+    import pytest
+
+    from br_serve.bench.peers import Window
+    from br_serve.bench.peers_report import simulate_windows
+    from br_serve.serve.config import parse_graph_config
+
+    base = parse_graph_config(replicas=4, slots=2)
+    rng = np.random.default_rng(3)
+    wins = [Window(i, 0, tuple([0.0] * 24), tuple(int(x) for x in rng.integers(50, 400, 24)),
+                   tuple(int(x) for x in rng.integers(5, 60, 24))) for i in range(2)]
+    pols = {"rr": ("router_round_robin", {}),
+            "p2c": ("vllm_router_p2c", {"bind": "arrival", "p2c_loads": "none"})}
+
+    def sim(seeds: int, b: object = base) -> dict[str, Any]:
+        return simulate_windows(b, wins, pols, True, say=lambda _: None, seeds=seeds)
+
+    three = sim(3)
+    # a deterministic rule: every seed gives the same value
+    assert three["rr"]["throughput_tok_s"] == pytest.approx(sim(1)["rr"]["throughput_tok_s"])
+    # a random rule: the mean of the single-seed draws, which differ
+    draws = [sim(1, parse_graph_config(base, seed=s))["p2c"]["throughput_tok_s"]
+             for s in range(3)]
+    assert len({tuple(d) for d in draws}) > 1
+    for w in range(2):
+        assert three["p2c"]["throughput_tok_s"][w] == pytest.approx(
+            sum(d[w] for d in draws) / 3)
+    assert three["p2c"]["seeds"] == 3
+    with pytest.raises(ValueError, match="--sim-seeds"):
+        sim(0)
