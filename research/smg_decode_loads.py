@@ -18,26 +18,20 @@ last without it (as it runs now). The JSON feeds docs/peers.md, "What smg's rule
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from importlib.metadata import version
 from typing import Any
 
-import httpx
-
-from br_serve.bench.peers_routers import ARMS, router_command, wait_ready
+from br_serve.bench.peers_routers import ARMS, router_command
 from br_serve.emulator.config import EmulatorConfig
+from research.vllm_router_p2c_loads import N, run_logged
 from tests.emulator.helpers import servers
 from tests.serve.helpers import free_port
 
-G, N = 4, 40
+G = 4
 CONFIGS = (("smg:power_of_two", True), ("smg:least_load", True),
            ("smg:min_tokens", True), ("smg:min_tokens", False))
 _SEL = re.compile(r"(\w+) selected (\S+) \(score (-?[\d.]+), in_flight (\d+)\)")
@@ -47,33 +41,15 @@ _DP = re.compile(r"update_dp_loads map:(\{.*\})")
 _RANK = re.compile(r"PD selected DP ranks prefill=\S+ decode=Some\((\d+)\)")
 
 
-async def _all(url: str) -> list[int]:
-    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
-        rs = await asyncio.gather(*(c.post("/v1/completions", json={
-            "model": "emulated", "prompt": f"w{i} x y", "max_tokens": 30, "seed": i})
-            for i in range(N)))
-    return [r.status_code for r in rs]
-
-
 def _one(label: str, dp_aware: bool) -> dict[str, Any]:
     pre = EmulatorConfig("sglang", "prefill", 1, free_port())
     dec = EmulatorConfig("sglang", "decode", G, free_port(), step_a_s_per_token=(0.0,),
                          step_b_s=(0.05,), slots=4)
-    with servers(pre, dec) as (p, d), tempfile.TemporaryFile() as log:
+    with servers(pre, dec) as (p, d):
         port = free_port()
         cmd = ["debug" if x == "warn" else x
                for x in router_command(ARMS[label], port, p.url, d.url, G, dp_aware)]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, "NO_COLOR": "1"})
-        try:
-            wait_ready(f"http://127.0.0.1:{port}", "emulated", proc, 90)
-            status = asyncio.run(_all(f"http://127.0.0.1:{port}"))
-            st = httpx.get(f"{d.url}/emulator/stats").json()
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        log.seek(0)
-        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read().decode(errors="replace"))
+        status, st, text = run_logged(cmd, port, d.url)
         decode_url = d.url
     sel = [m.groups() for m in _SEL.finditer(text)]
     dp_maps = _DP.findall(text)

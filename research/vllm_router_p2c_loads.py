@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from typing import Any
 
 import httpx
 
@@ -27,7 +28,8 @@ from tests.serve.helpers import free_port
 G, N = 4, 40
 
 
-async def _all(url: str) -> list[int]:
+async def send_completions(url: str) -> list[int]:
+    """``N`` concurrent two-stage completions through the router at ``url``: statuses."""
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
         rs = await asyncio.gather(*(c.post("/v1/completions", json={
             "model": "emulated", "prompt": f"w{i} x y", "max_tokens": 30, "seed": i})
@@ -40,21 +42,11 @@ def main(out: str) -> None:
     dec = EmulatorConfig("vllm", "decode", G, free_port(), step_a_s_per_token=(0.0,),
                          step_b_s=(0.05,), slots=4)
     arm = ARMS["vllm-router:power_of_two"]
-    with servers(pre, dec) as (p, d), tempfile.TemporaryFile() as log:
+    with servers(pre, dec) as (p, d):
         port = free_port()
         cmd = ["info" if x == "warning" else x
                for x in router_command(arm, port, p.url, d.url, G)]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, "NO_COLOR": "1"})
-        try:
-            wait_ready(f"http://127.0.0.1:{port}", "emulated", proc, 90)
-            status = _all_sync(f"http://127.0.0.1:{port}")
-            st = httpx.get(f"{d.url}/emulator/stats").json()
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
-        log.seek(0)
-        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read().decode(errors="replace"))
+        status, st, text = run_logged(cmd, port, d.url)
     lines = [ln[ln.index("Power-of-two"):] for ln in text.splitlines()
              if "Power-of-two selection" in ln]
     loads = [int(x) for ln in lines for x in re.findall(r"@\d+=(-?\d+)", ln)]
@@ -68,8 +60,24 @@ def main(out: str) -> None:
         json.dump(res, f, indent=2)
 
 
-def _all_sync(url: str) -> list[int]:
-    return asyncio.run(_all(url))
+def run_logged(cmd: list[str], port: int, decode_url: str
+               ) -> tuple[list[int], dict[str, Any], str]:
+    """Start the router ``cmd`` (listening on ``port``), send :func:`send_completions`
+    through it, stop it: the statuses, the decode emulator's stats and the router's
+    log without colour codes."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, "NO_COLOR": "1"})
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", "emulated", proc, 90)
+            status = asyncio.run(send_completions(f"http://127.0.0.1:{port}"))
+            st: dict[str, Any] = httpx.get(f"{decode_url}/emulator/stats").json()
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        log.seek(0)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read().decode(errors="replace"))
+    return status, st, text
 
 
 if __name__ == "__main__":
