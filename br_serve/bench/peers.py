@@ -193,7 +193,7 @@ def run_plan(plan: Plan, progress: Callable[[str], None] = print,
                     m = {"failed": f"{type(exc).__name__}: {exc}"[:500]}
                 rows.append({"arm": arm.label, "protocol": protocol, "router": arm.router,
                              "rule": arm.rule, "sim_policy": arm.sim_policy,
-                             "dp_aware": arm.dp_aware if arm.protocol == "sglang" else None,
+                             "dp_aware": arm.starts_dp_aware,
                              "window": w.index, "window_start": w.start, "mode": mode,
                              "rate_scale": scale, "measured": m})
                 progress(f"window {w.index} {mode} x{scale:g} {protocol} {arm.label}: "

@@ -101,9 +101,7 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     config = {"trace": args.trace, "windows": args.windows, "window": args.window,
               "max_output": args.max_output, "max_prompt": args.max_prompt,
               "graph": base.model_dump(exclude={"api_key"}),
-              "arms": [[p, a.label, [*a.args, *(["--dp-aware"] if a.protocol == "sglang"
-                                                 and a.dp_aware else [])]]
-                       for p, a in arms],
+              "arms": [[p, a.label, list(a.flags)] for p, a in arms],
               "window_starts": [w.start for w in wins]}
     kept: list[dict[str, Any]] = []
     if args.keep_router_runs:

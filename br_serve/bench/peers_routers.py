@@ -73,6 +73,17 @@ class Arm:
     def protocol(self) -> str | None:
         return PROTOCOL.get(self.router)
 
+    @property
+    def starts_dp_aware(self) -> bool | None:
+        """Whether the router starts with ``--dp-aware`` (``None``: not an SGLang-protocol
+        router, where the flag does not exist)."""
+        return self.dp_aware if self.protocol == "sglang" else None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The rule's flags as the router starts with them, ``--dp-aware`` included."""
+        return (*self.args, *(("--dp-aware",) if self.starts_dp_aware else ()))
+
 
 #: arrival binding: the real routers choose the rank when the request arrives (docs/peers.md)
 _AT_ARRIVAL = (("bind", "arrival"),)
@@ -139,7 +150,7 @@ def router_command(arm: Arm, port: int, prefill_url: str, decode_url: str,
         bootstrap = prefill_url.rsplit(":", 1)[1]
         cmd = [*base, *common, "--pd-disaggregation", "--prefill", prefill_url, bootstrap,
                "--decode", decode_url]
-        if arm.dp_aware if dp_aware is None else dp_aware:
+        if arm.starts_dp_aware if dp_aware is None else dp_aware:
             cmd.append("--dp-aware")
     else:
         common[-1] = "warning"

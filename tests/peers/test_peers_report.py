@@ -90,6 +90,12 @@ def test_router_command_lines() -> None:
     v = router_command(ARMS["vllm-router:consistent_hash"], 9, "http://p:1", "http://d:2", 8)
     assert v[v.index("--intra-node-data-parallel-size") + 1] == "8"
     assert v[-2:] == ["--policy", "consistent_hash"] and "--vllm-pd-disaggregation" in v
+    # Arm.flags (what a run records) is what router_command starts, --dp-aware included
+    for arm in ARMS.values():
+        cmd = router_command(arm, 9, "http://127.0.0.1:1", "http://x:2", 4)
+        assert set(arm.flags) <= set(cmd)
+        assert ("--dp-aware" in arm.flags) == ("--dp-aware" in cmd) == bool(arm.starts_dp_aware)
+    assert ARMS["vllm-router:round_robin"].starts_dp_aware is None
 
 
 def test_reused_runs_must_come_from_the_same_windows(tmp_path: Any) -> None:
