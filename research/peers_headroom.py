@@ -1,0 +1,116 @@
+"""How much can any router gain over round robin on bench-peers' saturated windows?
+
+Issue 28 asks the graph for +10% output tok/s over the best real router, saturated, on
+bench-peers' windows (K = 4 windows of 64 requests, outputs clipped to 128, prompts to
+16384, ``engine.slowdown=2``). This script asks the simulator, on the same windows and
+step model, what routing can reach there at all, as a gain over the simulator's model of
+the real routers' round robin (``router_round_robin``, bound at arrival):
+
+- ``jsq``, ``br0`` (the defaults), ``br0`` without ageing (``max_wait_beyond_fcfs_s`` and
+  ``ttft_budget_s`` off), the model of smg's minimum-tokens rule;
+- ``brh`` with the ``exact`` predictor (knows every running request's true remaining
+  steps), without ageing and with its look-ahead used at every tick
+  (``trust_decode_share`` off): a look-ahead router that knows more than any real one;
+- ``balanced``: round robin's own run with every step priced at the mean rank load
+  (``balanced_bound_tok_s``): the ceiling of balancing alone on that run, not a router.
+
+Each window is simulated with ``--seeds`` seeds (a random rule's mean over draws; the
+rules here are deterministic, so one is enough). ``--window`` takes several sizes: the
+headroom of a saturated window grows with its depth (more requests to choose among per
+free slot, a shorter share of the run in the drain), which is what 64 requests on 32
+slots lack.
+
+Usage::
+
+    PYTHONPATH=. python -m research.peers_headroom \\
+        --trace ../shared/traces/mooncake/conversation_trace.jsonl --replicas 8 --slots 4 \\
+        --window 64,256 --json results/peers/headroom_mooncake_g8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from br_serve.bench import peers
+from br_serve.bench.serve_report import simulate_one
+from br_serve.serve.config import parse_graph_config
+from br_serve.sim.stats import paired
+from br_serve.traces import Trace
+
+AGEING_OFF = {"max_wait_beyond_fcfs_s": None, "ttft_budget_s": None}
+#: (label, policy, options, predictor)
+ARMS: list[tuple[str, str, dict[str, Any], str | None]] = [
+    ("router_round_robin", "router_round_robin", {}, None),
+    ("smg_min_tokens", "smg_min_tokens", {"bind": "arrival", "min_tokens_increment": "one"},
+     None),
+    ("jsq", "jsq", {}, None),
+    ("br0", "br0", {}, None),
+    ("br0_no_ageing", "br0", AGEING_OFF, None),
+    ("brh_exact_no_ageing", "brh", {**AGEING_OFF, "trust_decode_share": None}, "exact"),
+]
+
+
+def cell(trace: str, g: int, slots: int, n: int, k: int, seeds: int,
+         spread_s: float = 0.0) -> dict[str, Any]:
+    """Every arm's simulated throughput per window and its paired gain over round robin;
+    ``spread_s``: the window's requests arrive evenly over this span instead of at t = 0
+    (live, a saturated window reaches the pool over about a second: docs/peers.md)."""
+    base = parse_graph_config({"replicas": str(g), "slots": str(slots),
+                               "engine.slowdown": "2", "pool_capacity": "4096"})
+    ws = peers.windows(trace, k, n, 16384, 128, base.seed)
+    thr: dict[str, list[float]] = {}
+    balanced: list[float] = []
+    for label, pol, opts, pred in ARMS:
+        extra: dict[str, Any] = {"predictor": {"name": pred}} if pred else {}
+        cfgs = [parse_graph_config(base, policy={"name": pol, "options": opts},
+                                   seed=base.seed + i, **extra) for i in range(seeds)]
+        per = []
+        for w in ws:
+            m = len(w.arrival_s)
+            tr = Trace.build([spread_s * i / m for i in range(m)], list(w.prompt_tokens),
+                             list(w.output_tokens))
+            runs = [simulate_one(tr, c) for c in cfgs]
+            per.append(sum(r["throughput_tok_s"] for r in runs) / len(runs))
+            if label == "router_round_robin":
+                balanced.append(sum(r["balanced_bound_tok_s"] for r in runs) / len(runs))
+        thr[label] = per
+    thr["balanced"] = balanced
+    rr = thr["router_round_robin"]
+    gains = {a: paired([100 * (x / y - 1) for x, y in zip(t, rr, strict=True)]).as_dict()
+             for a, t in thr.items() if a != "router_round_robin"}
+    return {"window": n, "windows": k, "spread_s": spread_s, "throughput_tok_s": thr,
+            "gain_vs_round_robin_pct": gains}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--replicas", type=int, required=True)
+    ap.add_argument("--slots", type=int, required=True)
+    ap.add_argument("--window", default="64", help="comma list of window sizes")
+    ap.add_argument("--windows", type=int, default=4)
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--spread", default="0", help="comma list of arrival spans, seconds")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    out = {"trace": a.trace, "replicas": a.replicas, "slots": a.slots,
+           "options": "outputs clipped to 128, prompts to 16384, engine.slowdown=2, saturated",
+           "cells": []}
+    sizes = [int(x) for x in a.window.split(",")]
+    for n, sp in product(sizes, (float(x) for x in a.spread.split(","))):
+        c = cell(a.trace, a.replicas, a.slots, n, a.windows, a.seeds, sp)
+        out["cells"].append(c)
+        print(f"G={a.replicas} slots={a.slots} window={n} spread={sp:g} s:")
+        for arm, gd in c["gain_vs_round_robin_pct"].items():
+            ci = gd["ci95"]
+            print(f"  {arm:22s} {gd['mean']:+6.1f}% [{ci[0]:+.1f}, {ci[1]:+.1f}]")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
