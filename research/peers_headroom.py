@@ -35,23 +35,21 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from br_serve.bench import peers
-from br_serve.bench.serve_report import simulate_one
-from br_serve.serve.config import parse_graph_config
+from br_serve.bench.peers_report import SimArm, simulate_windows
 from br_serve.sim.stats import paired
-from br_serve.traces import Trace
+from research.peers_common import bench_cell
 
 AGEING_OFF = {"max_wait_beyond_fcfs_s": None, "ttft_budget_s": None}
-#: (label, policy, options, predictor)
-ARMS: list[tuple[str, str, dict[str, Any], str | None]] = [
-    ("router_round_robin", "router_round_robin", {}, None),
-    ("smg_min_tokens", "smg_min_tokens", {"bind": "arrival", "min_tokens_increment": "one"},
-     None),
-    ("jsq", "jsq", {}, None),
-    ("br0", "br0", {}, None),
-    ("br0_no_ageing", "br0", AGEING_OFF, None),
-    ("brh_exact_no_ageing", "brh", {**AGEING_OFF, "trust_decode_share": None}, "exact"),
-]
+ARMS: dict[str, SimArm] = {
+    "router_round_robin": SimArm("router_round_robin"),
+    "smg_min_tokens": SimArm("smg_min_tokens",
+                             {"bind": "arrival", "min_tokens_increment": "one"}),
+    "jsq": SimArm("jsq"),
+    "br0": SimArm("br0"),
+    "br0_no_ageing": SimArm("br0", AGEING_OFF),
+    "brh_exact_no_ageing": SimArm("brh", {**AGEING_OFF, "trust_decode_share": None},
+                                  predictor="exact"),
+}
 
 
 def cell(trace: str, g: int, slots: int, n: int, k: int, seeds: int,
@@ -59,26 +57,10 @@ def cell(trace: str, g: int, slots: int, n: int, k: int, seeds: int,
     """Every arm's simulated throughput per window and its paired gain over round robin;
     ``spread_s``: the window's requests arrive evenly over this span instead of at t = 0
     (live, a saturated window reaches the pool over about a second: docs/peers.md)."""
-    base = parse_graph_config({"replicas": str(g), "slots": str(slots),
-                               "engine.slowdown": "2", "pool_capacity": "4096"})
-    ws = peers.windows(trace, k, n, 16384, 128, base.seed)
-    thr: dict[str, list[float]] = {}
-    balanced: list[float] = []
-    for label, pol, opts, pred in ARMS:
-        extra: dict[str, Any] = {"predictor": {"name": pred}} if pred else {}
-        cfgs = [parse_graph_config(base, policy={"name": pol, "options": opts},
-                                   seed=base.seed + i, **extra) for i in range(seeds)]
-        per = []
-        for w in ws:
-            m = len(w.arrival_s)
-            tr = Trace.build([spread_s * i / m for i in range(m)], list(w.prompt_tokens),
-                             list(w.output_tokens))
-            runs = [simulate_one(tr, c) for c in cfgs]
-            per.append(sum(r["throughput_tok_s"] for r in runs) / len(runs))
-            if label == "router_round_robin":
-                balanced.append(sum(r["balanced_bound_tok_s"] for r in runs) / len(runs))
-        thr[label] = per
-    thr["balanced"] = balanced
+    base, ws = bench_cell(trace, g, slots, n, k)
+    sims = simulate_windows(base, ws, ARMS, saturated=True, seeds=seeds, spread_s=spread_s)
+    thr: dict[str, list[float]] = {a: s["throughput_tok_s"] for a, s in sims.items()}
+    thr["balanced"] = sims["router_round_robin"]["balanced_bound_tok_s"]
     rr = thr["router_round_robin"]
     gains = {a: paired([100 * (x / y - 1) for x, y in zip(t, rr, strict=True)]).as_dict()
              for a, t in thr.items() if a != "router_round_robin"}

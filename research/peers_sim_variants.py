@@ -1,7 +1,7 @@
 """The simulator's models of the real routers' rules under other options, on bench-peers'
 saturated windows: which modelling choice moves the simulated gain over round robin.
 
-    python research/peers_sim_variants.py G SLOTS TRACE WINDOW
+    python -m research.peers_sim_variants G SLOTS TRACE WINDOW
 
 (K = 4 windows, outputs clipped to 128, prompts to 16384, engine.slowdown=2: the
 options of results/peers/*.json). Prints each variant's simulated tokens per busy second
@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from br_serve.bench import peers
-from br_serve.bench.serve_report import simulate_one
-from br_serve.serve.config import parse_graph_config
-from br_serve.traces import Trace
+from br_serve.bench.peers_report import SimArm, simulate_windows
+from research.peers_common import bench_cell
 
 ARRIVAL = {"bind": "arrival"}
 VARIANTS = [("round_robin", {}), ("router_round_robin", {}), ("consistent_hash", {}),
@@ -29,16 +27,11 @@ VARIANTS = [("round_robin", {}), ("router_round_robin", {}), ("consistent_hash",
 
 
 def main(g: int, slots: int, trace: str, n: int) -> None:
-    base = parse_graph_config({"replicas": str(g), "slots": str(slots),
-                               "engine.slowdown": "2", "pool_capacity": "4096"})
-    ws = peers.windows(trace, 4, n, 16384, 128, base.seed)
-    res = {}
-    for name, opts in VARIANTS:
-        cfg = parse_graph_config(base, policy={"name": name, "options": opts})
-        res[(name, str(opts))] = [
-            simulate_one(Trace.build([0.0] * len(w.arrival_s), list(w.prompt_tokens),
-                                     list(w.output_tokens)), cfg)["throughput_tok_s"]
-            for w in ws]
+    base, ws = bench_cell(trace, g, slots, n, 4)
+    sims = simulate_windows(base, ws, {f"{name} {opts}": SimArm(name, opts)
+                                       for name, opts in VARIANTS}, saturated=True)
+    res = {(name, str(opts)): sims[f"{name} {opts}"]["throughput_tok_s"]
+           for name, opts in VARIANTS}
     rr, rrr = res[("round_robin", "{}")], res[("router_round_robin", "{}")]
     for (vname, vopts), t in res.items():
         def gain(b: list[float], t: list[float] = t) -> float:

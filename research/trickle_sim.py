@@ -22,19 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from br_serve.bench import peers
 from br_serve.bench.serve_report import simulate_one
 from br_serve.serve.config import parse_graph_config
 from br_serve.traces import Trace
+from research.peers_common import bench_cell
 
 ARMS: tuple[tuple[str, dict[str, str]], ...] = (
     ("router_round_robin", {}), ("br0", {}), ("br0", {"hold_min_busy_share": "0"}))
 
 
 def main(g: int, slots: int, trace: str, n: int, k: int, out: str) -> None:
-    base = parse_graph_config({"replicas": str(g), "slots": str(slots),
-                               "engine.slowdown": "2", "pool_capacity": "4096"})
-    ws = peers.windows(trace, k, n, 16384, 128, base.seed)
+    base, ws = bench_cell(trace, g, slots, n, k)
     rows: list[dict[str, Any]] = []
     for spread, delay in ((0.0, 0), (0.0, 8), (0.5, 0), (1.0, 0), (2.0, 0)):
         per: dict[str, list[float]] = {}

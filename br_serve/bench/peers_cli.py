@@ -133,8 +133,8 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         sims = {}
         for saturated in (True, False) if scales else (True,):
             mode = "saturated" if saturated else "timed"
-            pols = {a.label: (a.sim_policy, dict(a.sim_options)) for _, a in arms
-                    if a.sim_policy}
+            pols = {a.label: peers_report.SimArm(a.sim_policy, dict(a.sim_options))
+                    for _, a in arms if a.sim_policy}
             sims[mode] = peers_report.simulate_windows(base, wins, pols, saturated,
                                                        seeds=args.sim_seeds)
         result["sim"] = sims

@@ -16,7 +16,8 @@ inside the measured interval.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from br_serve.sim.stats import paired
@@ -96,42 +97,69 @@ def _means(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def simulate_windows(base: Any, windows: list[Any],
-                     policies: dict[str, tuple[str, dict[str, Any]]], saturated: bool,
-                     say: Callable[[str], None] = print, seeds: int = 1) -> dict[str, Any]:
-    """``{arm: {"policy", "options", "seeds", "throughput_tok_s": [per window], ...} |
-    {"skipped": why}}``: each arm's simulator policy (name, options) on the same
-    windows and step model. Each window is simulated with ``seeds`` seeds (the graph's
-    seed and the next ones) and each metric is the mean over them: a rule that draws
-    at random (power of two, a hash ring) is predicted by its mean over draws, not by
-    one draw, which at 64 requests per window swings by whole waves; a deterministic
-    rule gives the same value for every seed."""
+@dataclass(frozen=True, slots=True)
+class SimArm:
+    """What the simulator runs for one arm: ``policy`` (a registered policy name),
+    ``options`` (that policy's options) and ``predictor`` (a registered predictor
+    name, for policies that look ahead; ``None`` keeps the base config's)."""
+
+    policy: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    predictor: str | None = None
+
+
+#: the per-window metrics :func:`simulate_windows` returns (means over seeds)
+SIM_METRICS = ("throughput_tok_s", "balanced_bound_tok_s", "mean_imbalance_tokens",
+               "tpot_p95_ms", "ttft_p50_ms")
+
+
+def simulate_windows(base: Any, windows: list[Any], arms: Mapping[str, SimArm],
+                     saturated: bool, say: Callable[[str], None] = print, seeds: int = 1,
+                     spread_s: float = 0.0) -> dict[str, Any]:
+    """``{arm: {"policy", "options", "seeds", <SIM_METRICS>: [per window], ...} |
+    {"skipped": why}}``: each arm's simulator policy on the same windows and step model.
+
+    Arrivals: ``saturated`` puts a window's requests at t = 0, or, with ``spread_s``
+    > 0, evenly over ``[0, spread_s)`` (live, a saturated window reaches the pool over
+    about a second); otherwise the window's own arrival times (``spread_s`` must then
+    be 0). Each window is simulated with ``seeds`` seeds (the graph's seed and the next
+    ones) and each metric is the mean over them: a rule that draws at random (power of
+    two, a hash ring) is predicted by its mean over draws, not by one draw, which at 64
+    requests per window swings by whole waves; a deterministic rule gives the same
+    value for every seed. ``balanced_bound_tok_s`` is the arm's own run with every step
+    priced at the mean rank load: the ceiling of balancing alone on that run."""
     if seeds < 1:
         raise ValueError(f"--sim-seeds: must be >= 1 (got {seeds})")
+    if spread_s < 0 or (spread_s and not saturated):
+        raise ValueError(f"spread_s: must be >= 0 and only with saturated (got {spread_s})")
     from br_serve.bench.serve_report import simulate_one
     from br_serve.core.policy import POLICIES
     from br_serve.serve.config import parse_graph_config
     from br_serve.traces import Trace
 
     out: dict[str, Any] = {}
-    for arm, (pol, opts) in policies.items():
+    for label, arm in arms.items():
+        pol, opts = arm.policy, dict(arm.options)
         if pol not in POLICIES:
-            msg = f"simulator policy {pol!r} (for {arm}) is not registered yet: skipped"
+            msg = f"simulator policy {pol!r} (for {label}) is not registered yet: skipped"
             say(msg)
-            out[arm] = {"policy": pol, "skipped": msg}
+            out[label] = {"policy": pol, "skipped": msg}
             continue
+        extra: dict[str, Any] = {"predictor": {"name": arm.predictor}} if arm.predictor else {}
         cfgs = [parse_graph_config(base, policy={"name": pol, "options": opts},
-                                   seed=base.seed + i) for i in range(seeds)]
-        res: dict[str, list[Any]] = {"throughput_tok_s": [], "mean_imbalance_tokens": [],
-                                     "tpot_p95_ms": [], "ttft_p50_ms": []}
+                                   seed=base.seed + i, **extra) for i in range(seeds)]
+        res: dict[str, list[Any]] = {k: [] for k in SIM_METRICS}
         for w in windows:
-            arr = [0.0] * len(w.arrival_s) if saturated else list(w.arrival_s)
+            m = len(w.arrival_s)
+            arr = ([spread_s * i / m for i in range(m)] if saturated
+                   else list(w.arrival_s))
             trace = Trace.build(arr, list(w.prompt_tokens), list(w.output_tokens))
             draws = [simulate_one(trace, cfg) for cfg in cfgs]
             for k in res:
                 vals = [d[k] for d in draws if d.get(k) is not None]
                 res[k].append(sum(vals) / len(vals) if vals else None)
-        out[arm] = {"policy": pol, "options": opts, "seeds": seeds, **res}
+        pred = {"predictor": arm.predictor} if arm.predictor else {}
+        out[label] = {"policy": pol, "options": opts, **pred, "seeds": seeds, **res}
     return out
 
 

@@ -92,15 +92,15 @@ def test_simulated_windows_average_a_random_rule_over_seeds() -> None:
     import pytest
 
     from br_serve.bench.peers import Window
-    from br_serve.bench.peers_report import simulate_windows
+    from br_serve.bench.peers_report import SimArm, simulate_windows
     from br_serve.serve.config import parse_graph_config
 
     base = parse_graph_config(replicas=4, slots=2)
     rng = np.random.default_rng(3)
     wins = [Window(i, 0, tuple([0.0] * 24), tuple(int(x) for x in rng.integers(50, 400, 24)),
                    tuple(int(x) for x in rng.integers(5, 60, 24))) for i in range(2)]
-    pols = {"rr": ("router_round_robin", {}),
-            "p2c": ("vllm_router_p2c", {"bind": "arrival", "p2c_loads": "none"})}
+    pols = {"rr": SimArm("router_round_robin"),
+            "p2c": SimArm("vllm_router_p2c", {"bind": "arrival", "p2c_loads": "none"})}
 
     def sim(seeds: int, b: object = base) -> dict[str, Any]:
         return simulate_windows(b, wins, pols, True, say=lambda _: None, seeds=seeds)
@@ -118,3 +118,38 @@ def test_simulated_windows_average_a_random_rule_over_seeds() -> None:
     assert three["p2c"]["seeds"] == 3
     with pytest.raises(ValueError, match="--sim-seeds"):
         sim(0)
+
+
+def test_simulated_windows_spread_predictor_and_bound() -> None:
+    import pytest
+
+    from br_serve.bench.peers import Window
+    from br_serve.bench.peers_report import SimArm, simulate_windows
+    from br_serve.serve.config import parse_graph_config
+
+    base = parse_graph_config(replicas=4, slots=2)
+    rng = np.random.default_rng(5)
+    wins = [Window(0, 0, tuple(float(x) for x in range(24)),
+                   tuple(int(x) for x in rng.integers(50, 400, 24)),
+                   tuple(int(x) for x in rng.integers(5, 60, 24)))]
+    arms = {"rr": SimArm("router_round_robin"),
+            "oracle": SimArm("brh", {"trust_decode_share": None}, predictor="exact")}
+
+    def sim(saturated: bool, spread_s: float = 0.0) -> dict[str, Any]:
+        return simulate_windows(base, wins, arms, saturated, say=lambda _: None,
+                                spread_s=spread_s)
+
+    at_once, spread, timed = sim(True), sim(True, 5.0), sim(False)
+    # the predictor reaches the policy and is recorded; a plain arm records none
+    assert at_once["oracle"]["predictor"] == "exact" and "predictor" not in at_once["rr"]
+    # the bound is the same run with every step priced at the mean rank load
+    for r in (at_once, spread, timed):
+        for arm in arms:
+            assert r[arm]["balanced_bound_tok_s"][0] >= r[arm]["throughput_tok_s"][0] > 0
+    # three arrival shapes, three different runs: 24 s of arrivals is slower than 5 s
+    thr = [r["rr"]["throughput_tok_s"][0] for r in (at_once, spread, timed)]
+    assert len(set(thr)) == 3 and thr[2] < thr[1]
+    with pytest.raises(ValueError, match="spread_s"):
+        sim(False, 1.0)
+    with pytest.raises(ValueError, match="spread_s"):
+        sim(True, -1.0)
