@@ -14,6 +14,9 @@ the real routers' round robin (``router_round_robin``, bound at arrival):
 - ``balanced``: round robin's own run with every step priced at the mean rank load
   (``balanced_bound_tok_s``): the ceiling of balancing alone on that run, not a router.
 
+Beside each arm's throughput gain it reports the arm's simulated TPOT P95 and its paired
+change over round robin: whether a gain in tokens per second is paid in the latency tail.
+
 Each window is simulated with ``--seeds`` seeds (a random rule's mean over draws; the
 rules here are deterministic, so one is enough). ``--window`` takes several sizes: the
 headroom of a saturated window grows with its depth (more requests to choose among per
@@ -64,8 +67,15 @@ def cell(trace: str, g: int, slots: int, n: int, k: int, seeds: int,
     rr = thr["router_round_robin"]
     gains = {a: paired([100 * (x / y - 1) for x, y in zip(t, rr, strict=True)]).as_dict()
              for a, t in thr.items() if a != "router_round_robin"}
+    # the latency tail beside the throughput: a router that packs heavy requests onto
+    # one step can gain tok/s and lose TPOT P95 (docs/peers.md, G = 4 at 256)
+    tpot = {a: s["tpot_p95_ms"] for a, s in sims.items()}
+    rr_tpot = tpot["router_round_robin"]
+    tpot_gains = {a: paired([100 * (x / y - 1) for x, y in zip(t, rr_tpot, strict=True)]
+                            ).as_dict() for a, t in tpot.items() if a != "router_round_robin"}
     return {"window": n, "windows": k, "spread_s": spread_s, "throughput_tok_s": thr,
-            "gain_vs_round_robin_pct": gains}
+            "gain_vs_round_robin_pct": gains, "tpot_p95_ms": tpot,
+            "tpot_p95_vs_round_robin_pct": tpot_gains}
 
 
 def main() -> None:
@@ -89,7 +99,11 @@ def main() -> None:
         print(f"G={a.replicas} slots={a.slots} window={n} spread={sp:g} s:")
         for arm, gd in c["gain_vs_round_robin_pct"].items():
             ci = gd["ci95"]
-            print(f"  {arm:22s} {gd['mean']:+6.1f}% [{ci[0]:+.1f}, {ci[1]:+.1f}]")
+            line = f"  {arm:22s} tok/s {gd['mean']:+6.1f}% [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+            if (td := c["tpot_p95_vs_round_robin_pct"].get(arm)) is not None:
+                tc = td["ci95"]
+                line += f"   TPOT P95 {td['mean']:+6.1f}% [{tc[0]:+.1f}, {tc[1]:+.1f}]"
+            print(line)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
 
