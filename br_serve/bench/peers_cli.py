@@ -68,7 +68,7 @@ def _measured(path: str, config: dict[str, Any]
 
 def cmd_bench_peers(args: argparse.Namespace) -> int:
     from br_serve.bench import peers, peers_capacity, peers_report
-    from br_serve.serve.config import parse_graph_config
+    from br_serve.serve.config import DISPATCH_AHEAD_REMOTE, parse_graph_config
 
     if not Path(args.trace).exists():
         raise FileNotFoundError(f"--trace: no such file {args.trace}")
@@ -133,7 +133,13 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         sims = {}
         for saturated in (True, False) if scales else (True,):
             mode = "saturated" if saturated else "timed"
-            pols = {a.label: peers_report.SimArm(a.sim_policy, dict(a.sim_options))
+            # the graph is simulated with the engine queue it runs live (remote
+            # engines: pool.dispatch_ahead, 2 unless given); a router binds at arrival
+            ahead = (base.pool.dispatch_ahead if base.pool.dispatch_ahead is not None
+                     else DISPATCH_AHEAD_REMOTE)
+            pols = {a.label: peers_report.SimArm(
+                        a.sim_policy, dict(a.sim_options),
+                        engine_queue=ahead if a.router == "graph" else 0)
                     for _, a in arms if a.sim_policy}
             sims[mode] = peers_report.simulate_windows(base, wins, pols, saturated,
                                                        seeds=args.sim_seeds)

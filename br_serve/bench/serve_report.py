@@ -55,12 +55,15 @@ def jittered(trace: Any, jitter_s: float, seed: int) -> Any:
 
 
 def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
-                 admit_delay_steps: int = 0) -> dict[str, Any]:
+                 admit_delay_steps: int = 0, engine_queue: int = 0) -> dict[str, Any]:
     """Simulate ``cfg`` (step and prefill models scaled by ``engine.slowdown``) on
     ``trace``, with ``extra_step_s`` of host overhead per step; ``model_throughput_tok_s``
     prices the same steps without it. The engines' ``engine.step_factor`` is a drift from
     step 0 (the simulated replicas run slower than the configured model says, as the live
-    ones do), with the overhead in ``b`` divided by it, so that it stays unslowed."""
+    ones do), with the overhead in ``b`` divided by it, so that it stays unslowed.
+    ``engine_queue`` > 0 gives every rank a FIFO queue of that many bound requests
+    beyond its slots (the graph's ``pool.dispatch_ahead`` in front of remote engines),
+    modelled as DyntraLB's per-rank waiting lists with its plans off."""
     from br_serve.config import ClusterConfig
     from br_serve.core.step import StepModel, per_replica
     from br_serve.sim import parse_sim_config, simulate
@@ -78,13 +81,26 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
                  "p1_s_per_token": cfg.prefill.p1_s_per_token * ts},
         pool={"capacity": cfg.pool.capacity},
         sim={"admit_delay_steps": admit_delay_steps,
-             "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)})
+             "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)},
+        **_engine_queue(engine_queue))
     s = simulate(trace, scfg).summary()
     out = {k: s.get(k) for k in _SIM_KEYS}
     thr, tok = s["throughput_tok_s"], s["tokens_generated"]
     model_busy = tok / thr - s["steps"] * extra_step_s if thr else 0.0
     out["model_throughput_tok_s"] = tok / model_busy if model_busy > 0 else None
     return out
+
+
+def _engine_queue(depth: int) -> dict[str, Any]:
+    """The sim-config override for a per-rank engine queue of ``depth`` (none at 0):
+    DyntraLB's waiting lists with its bubble and long-request plans switched off, so
+    admission is FIFO in binding order, as a remote engine admits."""
+    if depth < 0:
+        raise ValueError(f"engine_queue: must be >= 0 (got {depth})")
+    if not depth:
+        return {}
+    return {"dyntralb": {"bubble_threshold_blocks": 1e18, "mode": "dynamic",
+                         "long_request_blocks": 1 << 40, "waiting_per_rank": depth}}
 
 
 def simulate_ensemble(trace: Any, replays: list[Any], cfg: GraphConfig,

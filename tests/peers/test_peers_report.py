@@ -50,6 +50,15 @@ def test_pairing_best_router_and_agreement() -> None:
         "not registered"]
     md = peers_report.markdown({"summary": summary, "agreement": list(agree.values())})
     assert "| graph:br0 | 181.0 |" in md and "smg_power_of_two" in md
+    # the graph's own model is checked like a rule: measured +20.7% at the engine
+    graph_sim = {**sims, "graph:br0": {"policy": "br0", "throughput_tok_s": [1.21, 2.42, 3.6]}}
+    rows_g = {a["arm"]: a for a in peers_report.agreement(summary, graph_sim,
+                                                           {"sglang": "smg:round_robin"})}
+    assert rows_g["graph:br0"]["simulated"] == pytest.approx((0.21 + 0.21 + 0.2) / 3)
+    assert rows_g["graph:br0"]["agrees"] is True
+    off = {**graph_sim, "graph:br0": {"policy": "br0", "throughput_tok_s": [1.0, 2.0, 3.0]}}
+    assert [a["agrees"] for a in peers_report.agreement(
+        summary, off, {"sglang": "smg:round_robin"}) if a["arm"] == "graph:br0"] == [False]
 
 
 def test_client_metrics_counts_lost_and_timing() -> None:

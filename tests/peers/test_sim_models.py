@@ -153,3 +153,25 @@ def test_simulated_windows_spread_predictor_and_bound() -> None:
         sim(False, 1.0)
     with pytest.raises(ValueError, match="spread_s"):
         sim(True, -1.0)
+
+
+def test_simulated_windows_model_the_graphs_engine_queue() -> None:
+    """The graph runs live with ``pool.dispatch_ahead`` requests queued per rank; the
+    simulator models that queue when the arm asks for it, and records the depth."""
+    import pytest
+
+    from br_serve.bench.peers import Window
+    from br_serve.bench.peers_report import SimArm, simulate_windows
+    from br_serve.serve.config import parse_graph_config
+
+    base = parse_graph_config(replicas=4, slots=2)
+    rng = np.random.default_rng(11)
+    wins = [Window(i, 0, tuple([0.0] * 40), tuple(int(x) for x in rng.integers(50, 4000, 40)),
+                   tuple(int(x) for x in rng.integers(5, 120, 40))) for i in range(3)]
+    arms = {"d0": SimArm("br0"), "d2": SimArm("br0", engine_queue=2)}
+    r = simulate_windows(base, wins, arms, True, say=lambda _: None)
+    assert (r["d0"]["engine_queue"], r["d2"]["engine_queue"]) == (0, 2)
+    # a queue binds ahead against loads that change before the request runs: another run
+    assert r["d0"]["mean_imbalance_tokens"] != r["d2"]["mean_imbalance_tokens"]
+    with pytest.raises(ValueError, match="engine_queue"):
+        SimArm("br0", engine_queue=-1)
