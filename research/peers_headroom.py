@@ -11,6 +11,8 @@ the real routers' round robin (``router_round_robin``, bound at arrival):
 - ``brh`` with the ``exact`` predictor (knows every running request's true remaining
   steps), without ageing and with its look-ahead used at every tick
   (``trust_decode_share`` off): a look-ahead router that knows more than any real one;
+- ``br0_queue2``: ``br0`` with the engine queue the live graph runs in front of remote
+  engines (``pool.dispatch_ahead`` = 2): the graph as it runs, not what routing can reach;
 - ``balanced``: round robin's own run with every step priced at the mean rank load
   (``balanced_bound_tok_s``): the ceiling of balancing alone on that run, not a router.
 
@@ -50,6 +52,7 @@ ARMS: dict[str, SimArm] = {
     "jsq": SimArm("jsq"),
     "br0": SimArm("br0"),
     "br0_no_ageing": SimArm("br0", AGEING_OFF),
+    "br0_queue2": SimArm("br0", engine_queue=2),
     "brh_exact_no_ageing": SimArm("brh", {**AGEING_OFF, "trust_decode_share": None},
                                   predictor="exact"),
 }
