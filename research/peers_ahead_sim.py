@@ -26,6 +26,7 @@ from typing import Any
 
 from br_serve.serve.config import parse_graph_config
 from br_serve.sim import parse_sim_config, simulate
+from br_serve.sim.config import fifo_engine_queue
 from br_serve.sim.stats import paired
 from br_serve.traces import Trace
 from research.peers_common import SETTINGS, bench_cell
@@ -39,9 +40,7 @@ def run(w: Any, g: int, slots: int, policy: str, d: int) -> dict[str, float]:
     over: dict[str, Any] = {"replicas": g, "slots": slots, "step": m,
                             "policy": {"name": policy, "options": {}},
                             "sim": {"saturated": True}}
-    if d:
-        over["dyntralb"] = {"bubble_threshold_blocks": 1e18, "mode": "dynamic",
-                            "long_request_blocks": 1 << 40, "waiting_per_rank": d}
+    over.update(fifo_engine_queue(d))
     tr = Trace.build([0.0] * len(w.prompt_tokens), list(w.prompt_tokens),
                      list(w.output_tokens))
     s = simulate(tr, parse_sim_config(over)).summary()

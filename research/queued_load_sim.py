@@ -20,6 +20,7 @@ import numpy as np
 
 from br_serve.bench import peers
 from br_serve.sim import parse_sim_config, simulate
+from br_serve.sim.config import fifo_engine_queue
 from br_serve.sim.stats import paired
 from br_serve.traces import Trace
 
@@ -36,9 +37,7 @@ def run(w: peers.Window, g: int, slots: int, d: int, rule: str, slowdown: float
     over = {"replicas": g, "slots": slots, "step": m,
             "policy": {"name": "br0", "options": {"queued_load": rule}},
             "sim": {"saturated": True}}
-    if d:
-        over["dyntralb"] = {"bubble_threshold_blocks": 1e18, "mode": "dynamic",
-                            "long_request_blocks": 1 << 40, "waiting_per_rank": d}
+    over.update(fifo_engine_queue(d))
     scfg = parse_sim_config(over)
     tr = Trace.build([0.0] * len(w.prompt_tokens), list(w.prompt_tokens),
                      list(w.output_tokens))

@@ -67,6 +67,7 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
     from br_serve.config import ClusterConfig
     from br_serve.core.step import StepModel, per_replica
     from br_serve.sim import parse_sim_config, simulate
+    from br_serve.sim.config import fifo_engine_queue
 
     ts = cfg.engine.slowdown
     m = cfg.router_step_model()
@@ -82,25 +83,13 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
         pool={"capacity": cfg.pool.capacity},
         sim={"admit_delay_steps": admit_delay_steps,
              "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)},
-        **_engine_queue(engine_queue))
+        **fifo_engine_queue(engine_queue))
     s = simulate(trace, scfg).summary()
     out = {k: s.get(k) for k in _SIM_KEYS}
     thr, tok = s["throughput_tok_s"], s["tokens_generated"]
     model_busy = tok / thr - s["steps"] * extra_step_s if thr else 0.0
     out["model_throughput_tok_s"] = tok / model_busy if model_busy > 0 else None
     return out
-
-
-def _engine_queue(depth: int) -> dict[str, Any]:
-    """The sim-config override for a per-rank engine queue of ``depth`` (none at 0):
-    DyntraLB's waiting lists with its bubble and long-request plans switched off, so
-    admission is FIFO in binding order, as a remote engine admits."""
-    if depth < 0:
-        raise ValueError(f"engine_queue: must be >= 0 (got {depth})")
-    if not depth:
-        return {}
-    return {"dyntralb": {"bubble_threshold_blocks": 1e18, "mode": "dynamic",
-                         "long_request_blocks": 1 << 40, "waiting_per_rank": depth}}
 
 
 def simulate_ensemble(trace: Any, replays: list[Any], cfg: GraphConfig,

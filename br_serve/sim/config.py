@@ -83,6 +83,19 @@ class DyntraLBConfig(Section):
         return self.bubble_threshold_blocks is not None
 
 
+def fifo_engine_queue(depth: int) -> dict[str, Any]:
+    """The ``dyntralb`` override that gives every rank a FIFO queue of ``depth`` bound
+    requests beyond its slots (a remote engine's waiting list, as the graph's
+    ``pool.dispatch_ahead`` fills it): DyntraLB's waiting lists with its bubble and
+    long-request plans switched off, so admission is in binding order. ``{}`` at 0."""
+    if depth < 0:
+        raise ValueError(f"engine_queue: must be >= 0 (got {depth})")
+    if not depth:
+        return {}
+    return {"dyntralb": {"bubble_threshold_blocks": 1e18, "mode": "dynamic",
+                         "long_request_blocks": 1 << 40, "waiting_per_rank": depth}}
+
+
 class SimConfig(ClusterConfig):
     """One simulated run: the cluster of :class:`~br_serve.config.ClusterConfig` plus the
     simulator's own section ``sim``.
