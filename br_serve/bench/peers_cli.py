@@ -68,7 +68,7 @@ def _measured(path: str, config: dict[str, Any]
 
 def cmd_bench_peers(args: argparse.Namespace) -> int:
     from br_serve.bench import peers, peers_capacity, peers_report
-    from br_serve.serve.config import DISPATCH_AHEAD_REMOTE, parse_graph_config
+    from br_serve.serve.config import parse_graph_config
 
     if not Path(args.trace).exists():
         raise FileNotFoundError(f"--trace: no such file {args.trace}")
@@ -135,8 +135,7 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             mode = "saturated" if saturated else "timed"
             # the graph is simulated with the engine queue it runs live (remote
             # engines: pool.dispatch_ahead, 2 unless given); a router binds at arrival
-            ahead = (base.pool.dispatch_ahead if base.pool.dispatch_ahead is not None
-                     else DISPATCH_AHEAD_REMOTE)
+            ahead = base.dispatch_ahead(remote=True)
             pols = {a.label: peers_report.SimArm(
                         a.sim_policy, dict(a.sim_options),
                         engine_queue=ahead if a.router == "graph" else 0)

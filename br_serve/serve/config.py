@@ -229,11 +229,14 @@ class GraphConfig(ClusterConfig):
         """The engines run outside the graph (it proxies them)."""
         return self.engine.is_remote
 
-    def dispatch_ahead(self) -> int:
-        """``pool.dispatch_ahead`` resolved (None: 2 for remote engines, else 0)."""
+    def dispatch_ahead(self, remote: bool | None = None) -> int:
+        """``pool.dispatch_ahead`` resolved (None: 2 for remote engines, else 0);
+        ``remote`` overrides whether the engines are remote (a benchmark's base config
+        describes the graph it will start in front of remote engines)."""
         if self.pool.dispatch_ahead is not None:
             return self.pool.dispatch_ahead
-        return DISPATCH_AHEAD_REMOTE if self.engine.is_remote else 0
+        is_remote = self.engine.is_remote if remote is None else remote
+        return DISPATCH_AHEAD_REMOTE if is_remote else 0
 
     def places_per_replica(self) -> int:
         """What the scheduler may bind to one decode rank: ``slots`` running plus

@@ -27,6 +27,10 @@ def test_default_depth_is_remote_only_and_counts_in_the_places() -> None:
     off = parse_graph_config({**REMOTE, "pool_dispatch_ahead": "0"})
     assert off.places_per_replica() == 4
     assert parse_graph_config({**REMOTE, "pool.dispatch_ahead": "5"}).dispatch_ahead() == 5
+    # a benchmark's base config resolves the depth of the graph it starts remote
+    assert local.dispatch_ahead(remote=True) == DISPATCH_AHEAD_REMOTE
+    assert remote.dispatch_ahead(remote=False) == 0
+    assert off.dispatch_ahead(remote=True) == 0
 
 
 @pytest.mark.parametrize("value", ["1", "3"])
