@@ -67,15 +67,17 @@ def cell(trace: str, g: int, slots: int, n: int, k: int, seeds: int,
     sims = simulate_windows(base, ws, ARMS, saturated=True, seeds=seeds, spread_s=spread_s)
     thr: dict[str, list[float]] = {a: s["throughput_tok_s"] for a, s in sims.items()}
     thr["balanced"] = sims["router_round_robin"]["balanced_bound_tok_s"]
-    rr = thr["router_round_robin"]
-    gains = {a: paired([100 * (x / y - 1) for x, y in zip(t, rr, strict=True)]).as_dict()
-             for a, t in thr.items() if a != "router_round_robin"}
+
+    def vs_round_robin(per_arm: dict[str, list[float]]) -> dict[str, Any]:
+        rr = per_arm["router_round_robin"]
+        return {a: paired([100 * (x / y - 1) for x, y in zip(t, rr, strict=True)]).as_dict()
+                for a, t in per_arm.items() if a != "router_round_robin"}
+
+    gains = vs_round_robin(thr)
     # the latency tail beside the throughput: a router that packs heavy requests onto
     # one step can gain tok/s and lose TPOT P95 (docs/peers.md, G = 4 at 256)
     tpot = {a: s["tpot_p95_ms"] for a, s in sims.items()}
-    rr_tpot = tpot["router_round_robin"]
-    tpot_gains = {a: paired([100 * (x / y - 1) for x, y in zip(t, rr_tpot, strict=True)]
-                            ).as_dict() for a, t in tpot.items() if a != "router_round_robin"}
+    tpot_gains = vs_round_robin(tpot)
     return {"window": n, "windows": k, "spread_s": spread_s, "throughput_tok_s": thr,
             "gain_vs_round_robin_pct": gains, "tpot_p95_ms": tpot,
             "tpot_p95_vs_round_robin_pct": tpot_gains}
