@@ -2,15 +2,14 @@
 saturated windows.
 
 Live, the graph in front of SGLang or vLLM engines runs with ``pool.dispatch_ahead``
-resolved to 2 (each rank holds ``slots`` running requests and 2 queued at its engine);
-``bench-peers --sim`` and ``research/peers_headroom.py`` simulate it without an engine
-queue (``d = 0``). This replays the same windows (``research/peers_common``: outputs
-clipped to 128, prompts to 16384, ``engine.slowdown=2``, the whole window at t = 0) with
-br0 at each ``d`` in ``--depths`` (the engine queue modelled as DyntraLB's per-rank
-waiting lists with its plans off: FIFO admission, as ``research/queued_load_sim.py``),
-against the routers' round robin (``router_round_robin``, bound at arrival). Output tok/s
-is tokens over makespan. Prints per depth the paired gain over round robin (mean [95% t])
-and the mean per-step imbalance.
+resolved to 2 (each rank holds ``slots`` running requests and 2 queued at its engine).
+This replays the bench's windows (``research/peers_common``: outputs clipped to 128,
+prompts to 16384, ``engine.slowdown=2``, the whole window at t = 0) with br0 at each
+``d`` in ``--depths`` (``sim.dispatch_ahead = d``: a FIFO queue of ``d`` per rank,
+places offered as the graph's scheduler offers them), against the routers' round robin
+(``router_round_robin``, bound at arrival). Output tok/s is tokens over makespan. Prints
+per depth the paired gain over round robin (mean [95% t]) and the mean per-step
+imbalance.
 
     python -m research.peers_ahead_sim --trace T --replicas G --slots S --window N \\
         [--windows K] [--depths 0,1,2] [--json OUT]
@@ -26,7 +25,7 @@ from typing import Any
 
 from br_serve.serve.config import parse_graph_config
 from br_serve.sim import parse_sim_config, simulate
-from br_serve.sim.config import fifo_engine_queue
+from br_serve.sim.config import with_dispatch_ahead
 from br_serve.sim.stats import paired
 from br_serve.traces import Trace
 from research.peers_common import SETTINGS, bench_cell
@@ -40,7 +39,7 @@ def run(w: Any, g: int, slots: int, policy: str, d: int) -> dict[str, float]:
     over: dict[str, Any] = {"replicas": g, "slots": slots, "step": m,
                             "policy": {"name": policy, "options": {}},
                             "sim": {"saturated": True}}
-    over.update(fifo_engine_queue(d))
+    over = with_dispatch_ahead(over, d)
     tr = Trace.build([0.0] * len(w.prompt_tokens), list(w.prompt_tokens),
                      list(w.output_tokens))
     s = simulate(tr, parse_sim_config(over)).summary()

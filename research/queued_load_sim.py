@@ -1,9 +1,10 @@
 """Research: which load br0 should balance when requests wait in the engines' queues
 (``pool.dispatch_ahead``), simulated on the bench's windows (issue 28).
 
-The simulated ranks run ``slots`` requests and queue ``d`` more in binding order (FIFO:
-the DyntraLB engine with its plans switched off); the policy sees ``slots + d`` places
-and the snapshot tells the queued ones apart. Per window and arm: output tok/s and the
+The simulated ranks run ``slots`` requests and queue ``d`` more in binding order
+(``sim.dispatch_ahead = d``: places offered as the graph's scheduler offers them, free
+engine slots first and queue places for a backlog only); the snapshot tells the queued
+ones apart. Per window and arm: output tok/s and the
 mean per-step imbalance (max - mean of the loads the steps computed with). ``d0`` has
 no queue (a freed slot is refilled at once: the simulator has no turnover delay).
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from br_serve.bench import peers
 from br_serve.sim import parse_sim_config, simulate
-from br_serve.sim.config import fifo_engine_queue
+from br_serve.sim.config import with_dispatch_ahead
 from br_serve.sim.stats import paired
 from br_serve.traces import Trace
 
@@ -37,7 +38,7 @@ def run(w: peers.Window, g: int, slots: int, d: int, rule: str, slowdown: float
     over = {"replicas": g, "slots": slots, "step": m,
             "policy": {"name": "br0", "options": {"queued_load": rule}},
             "sim": {"saturated": True}}
-    over.update(fifo_engine_queue(d))
+    over = with_dispatch_ahead(over, d)
     scfg = parse_sim_config(over)
     tr = Trace.build([0.0] * len(w.prompt_tokens), list(w.prompt_tokens),
                      list(w.output_tokens))

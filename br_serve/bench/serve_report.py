@@ -62,12 +62,11 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
     step 0 (the simulated replicas run slower than the configured model says, as the live
     ones do), with the overhead in ``b`` divided by it, so that it stays unslowed.
     ``engine_queue`` > 0 gives every rank a FIFO queue of that many bound requests
-    beyond its slots (the graph's ``pool.dispatch_ahead`` in front of remote engines),
-    modelled as DyntraLB's per-rank waiting lists with its plans off."""
+    beyond its slots and offers places as the graph's scheduler does (its
+    ``pool.dispatch_ahead`` in front of remote engines: ``sim.dispatch_ahead``)."""
     from br_serve.config import ClusterConfig
     from br_serve.core.step import StepModel, per_replica
     from br_serve.sim import parse_sim_config, simulate
-    from br_serve.sim.config import fifo_engine_queue
 
     ts = cfg.engine.slowdown
     m = cfg.router_step_model()
@@ -81,9 +80,8 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
         prefill={"replicas": cfg.prefill.replicas, "p0_s": cfg.prefill.p0_s * ts,
                  "p1_s_per_token": cfg.prefill.p1_s_per_token * ts},
         pool={"capacity": cfg.pool.capacity},
-        sim={"admit_delay_steps": admit_delay_steps,
-             "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)},
-        **fifo_engine_queue(engine_queue))
+        sim={"admit_delay_steps": admit_delay_steps, "dispatch_ahead": engine_queue,
+             "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)})
     s = simulate(trace, scfg).summary()
     out = {k: s.get(k) for k in _SIM_KEYS}
     thr, tok = s["throughput_tok_s"], s["tokens_generated"]

@@ -24,6 +24,13 @@ class SimulatorConfig(Section):
     holds its slot (and counts in the policy's view) but neither decodes nor loads the
     step. 0 is the paper's model; the Ray graph has 1 (the tick follows the step's
     reports while the next step already runs, and the KV pull overlaps it)."""
+    dispatch_ahead: int = Field(default=0, ge=0, le=1024)
+    """The graph's ``pool.dispatch_ahead`` with a remote engine: each rank's engine
+    queues up to this many bound requests beyond its ``slots`` (FIFO: a queued one
+    starts at the step where a running one leaves), and each tick offers the policy
+    places as the graph's scheduler does (:mod:`br_serve.core.ahead`: free engine
+    slots first, queue places only for the pool's backlog beyond this many per rank).
+    The policy's snapshot tells queued requests apart. 0: no engine queue."""
     step_drift: tuple[tuple[int, int, float], ...] = ()
     """``(replica, from_step, factor)`` entries: from that decode step on, the replica's
     steps take ``factor`` times as long (a slower chip, throttling, a noisy neighbour);
@@ -83,17 +90,14 @@ class DyntraLBConfig(Section):
         return self.bubble_threshold_blocks is not None
 
 
-def fifo_engine_queue(depth: int) -> dict[str, Any]:
-    """The ``dyntralb`` override that gives every rank a FIFO queue of ``depth`` bound
-    requests beyond its slots (a remote engine's waiting list, as the graph's
-    ``pool.dispatch_ahead`` fills it): DyntraLB's waiting lists with its bubble and
-    long-request plans switched off, so admission is in binding order. ``{}`` at 0."""
+def with_dispatch_ahead(overrides: Mapping[str, Any], depth: int) -> dict[str, Any]:
+    """``overrides`` (a config mapping) with ``sim.dispatch_ahead = depth`` merged into
+    its ``sim`` section: the graph's engine queue and its way of offering places."""
     if depth < 0:
         raise ValueError(f"engine_queue: must be >= 0 (got {depth})")
-    if not depth:
-        return {}
-    return {"dyntralb": {"bubble_threshold_blocks": 1e18, "mode": "dynamic",
-                         "long_request_blocks": 1 << 40, "waiting_per_rank": depth}}
+    out = dict(overrides)
+    out["sim"] = {**dict(out.get("sim") or {}), "dispatch_ahead": depth}
+    return out
 
 
 class SimConfig(ClusterConfig):
@@ -116,11 +120,18 @@ class SimConfig(ClusterConfig):
             raise ValueError("dyntralb.bubble_threshold_blocks: DyntraLB is not modelled "
                              "with sim.admit_delay_steps > 0 (set one of them to its "
                              "default)")
+        if self.sim.dispatch_ahead and (self.dyntralb.on or self.sim.admit_delay_steps):
+            raise ValueError("sim.dispatch_ahead: the graph's engine queue is not modelled "
+                             "with DyntraLB (dyntralb.bubble_threshold_blocks) or "
+                             "sim.admit_delay_steps > 0 (set one of them to its default)")
         return self
 
     @property
     def rank_capacity(self) -> int:
-        """Requests a rank holds bound: ``slots``, plus its DyntraLB waiting queue."""
+        """Requests a rank holds bound: ``slots``, plus its engine queue
+        (``sim.dispatch_ahead``) or its DyntraLB waiting queue."""
+        if self.sim.dispatch_ahead:
+            return self.slots + self.sim.dispatch_ahead
         if not self.dyntralb.on:
             return self.slots
         return self.slots + (self.dyntralb.waiting_per_rank or self.slots)

@@ -21,6 +21,7 @@ Conventions (see docs/simulator.md):
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from br_serve.core import (
     TerminationPredictor,
     policy_class,
 )
+from br_serve.core.ahead import engine_free, engine_slots_only, queue_room
 from br_serve.core.calibration import StepCalibrator, with_coefficients
 from br_serve.core.predictor import reads_true_remaining
 from br_serve.core.state import ClusterState
@@ -213,6 +215,20 @@ def simulate(trace: Trace, config: SimConfig, *,
     fast = _SnapshotMaker(st)
     lag = _Lag(g, config.sim.admit_delay_steps)
     retick: float | None = None  # the policy's latest "tick me again at" hint
+    ahead = config.sim.dispatch_ahead > 0
+
+    def _bind(placed: Sequence[Assignment]) -> None:
+        """Move ``placed`` from the pool onto their replicas."""
+        for a, req in zip(placed, pool.remove_many(placed), strict=True):
+            i = int(a.request_id[1:])
+            st.admit(a, req, output_tokens=output_l[i])
+            if dl is None:
+                admit_step[i] = k + lag.add(a)
+            else:  # its first token comes when its rank's engine first runs it
+                dl.bind(a.request_id, a.replica, a.prompt_tokens)
+            replica[i] = a.replica
+            enqueue_s[i] = req.enqueued_s
+
     while True:
         if feeder.deliver(t, k, pool):
             changed = True
@@ -221,31 +237,40 @@ def simulate(trace: Trace, config: SimConfig, *,
         cnt = st.running_requests()
         while changed and len(pool) and fast.free(cnt) > 0:
             changed = False
-            if dl is not None:  # the ranks' queues: the policy tells them apart
-                snap = st.snapshot(detail=detail, oracle=oracle, queued=dl.waiting_mask(st),
-                                   engine_slots=config.slots)
-            else:
-                snap = (st.snapshot(detail=True, oracle=oracle) if detail
-                        else fast.snapshot(st.load_tokens(), cnt))
-            if calib is not None:
-                snap = with_coefficients(snap, calib.coefficients())
-            t0 = time.perf_counter_ns()
-            res = policy.schedule(snap, pool, t, k)
-            tick_ns.append(time.perf_counter_ns() - t0)
-            pred_failed += not res.predictor_ok
-            retick = res.retick_s if res.retick_s is not None and res.retick_s > t else None
-            if not res.assignments:
+            chosen: list[Assignment] = []
+            # the graph's dispatch ahead: as its scheduler's tick, free engine slots
+            # first, then queue places for the backlog only (br_serve.core.ahead)
+            for phase in ("engine", "queue") if ahead else ("all",):
+                if not len(pool):
+                    break
+                if dl is not None:  # the ranks' queues: the policy tells them apart
+                    snap = st.snapshot(detail=detail, oracle=oracle,
+                                       queued=dl.waiting_mask(st), engine_slots=config.slots)
+                else:
+                    snap = (st.snapshot(detail=True, oracle=oracle) if detail
+                            else fast.snapshot(st.load_tokens(), cnt))
+                limit = None
+                if phase == "engine":
+                    if not engine_free(snap).any():
+                        continue
+                    snap = engine_slots_only(snap)
+                elif phase == "queue":
+                    limit = queue_room(snap, len(pool))
+                    if limit <= 0:
+                        break
+                if calib is not None:
+                    snap = with_coefficients(snap, calib.coefficients())
+                t0 = time.perf_counter_ns()
+                res = policy.schedule(snap, pool, t, k)
+                tick_ns.append(time.perf_counter_ns() - t0)
+                pred_failed += not res.predictor_ok
+                retick = (res.retick_s if res.retick_s is not None and res.retick_s > t
+                          else None)
+                placed = res.assignments if limit is None else res.assignments[:limit]
+                _bind(placed)
+                chosen += placed
+            if not chosen:
                 break
-            for a, req in zip(res.assignments, pool.remove_many(res.assignments),
-                              strict=True):
-                i = int(a.request_id[1:])
-                st.admit(a, req, output_tokens=output_l[i])
-                if dl is None:
-                    admit_step[i] = k + lag.add(a)
-                else:  # its first token comes when DyntraLB's rank first runs it
-                    dl.bind(a.request_id, a.replica, a.prompt_tokens)
-                replica[i] = a.replica
-                enqueue_s[i] = req.enqueued_s
             cnt = st.running_requests()
             if feeder.on_room(t, k, pool):
                 changed = True
@@ -331,6 +356,9 @@ def simulate(trace: Trace, config: SimConfig, *,
 
 def _dyntralb(config: SimConfig) -> DyntraLBEngine | None:
     d = config.dyntralb
+    if config.sim.dispatch_ahead:  # a FIFO queue per rank: DyntraLB's lists, no plans
+        return DyntraLBEngine(config.replicas, config.slots, 1e18, d.block_tokens,
+                              "dynamic", d.start_step, 1 << 40, d.dynamic_max_steps)
     if d.bubble_threshold_blocks is None:
         return None
     return DyntraLBEngine(config.replicas, config.slots,
