@@ -28,7 +28,7 @@ class SimulatorConfig(Section):
     """The graph's ``pool.dispatch_ahead`` with a remote engine: each rank's engine
     queues up to this many bound requests beyond its ``slots`` (FIFO: a queued one
     starts at the step where a running one leaves), and each tick offers the policy
-    places as the graph's scheduler does (:mod:`br_serve.core.ahead`: free engine
+    places as the graph's scheduler does (br_serve/core/ahead.py: free engine
     slots first, queue places only for the pool's backlog beyond this many per rank).
     The policy's snapshot tells queued requests apart. 0: no engine queue."""
     step_drift: tuple[tuple[int, int, float], ...] = ()
