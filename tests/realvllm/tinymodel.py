@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 
 WORDS = 500
-#: long enough that a stream the tests leave mid-way is still decoding when the client
-#: goes, even when the graph delivers its first event seconds late on a loaded host (the
-#: tiny model decodes 400 tokens in about a second)
-POSITIONS = 2048
+#: long enough that a stream the tests leave mid-way is still decoding when the client's
+#: disconnect reaches the engine, even when the graph's decode replica stalls for seconds on
+#: a loaded host (the tiny model decodes 400 tokens in about a second; RoPE, so positions
+#: cost no weights; 2 KiB of KV per token)
+POSITIONS = 8192
 SPECIAL = ("<unk>", "<s>", "</s>")
 PLAIN = ("hello", "world", "user", "assistant", "system", ":", "the", "a", "of", "and")
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
