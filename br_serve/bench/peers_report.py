@@ -107,16 +107,23 @@ class SimArm:
     ``engine_queue`` (requests bound ahead per rank, queued at its engine beyond its
     slots: the graph's resolved ``pool.dispatch_ahead`` as it runs live in front of
     remote engines; 0 for a router, which binds at arrival and whose policy model
-    already queues at the engine)."""
+    already queues at the engine) and ``turnover_steps`` (engine steps from a bind to
+    the request's first decode when nothing is queued for it: the graph's turnover at
+    ``engine_queue`` 0, its replica's report, tick, admit and install; the
+    simulator's ``sim.admit_delay_steps``, not modelled beside an engine queue)."""
 
     policy: str
     options: Mapping[str, Any] = field(default_factory=dict)
     predictor: str | None = None
     engine_queue: int = 0
+    turnover_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.engine_queue < 0:
             raise ValueError(f"engine_queue: must be >= 0 (got {self.engine_queue})")
+        if self.turnover_steps < 0 or (self.turnover_steps and self.engine_queue):
+            raise ValueError(f"turnover_steps: must be >= 0 and only with engine_queue 0 "
+                             f"(got {self.turnover_steps} with {self.engine_queue})")
 
 
 #: the per-window metrics :func:`simulate_windows` returns (means over seeds)
@@ -165,14 +172,16 @@ def simulate_windows(base: Any, windows: list[Any], arms: Mapping[str, SimArm],
             arr = ([spread_s * i / m for i in range(m)] if saturated
                    else list(w.arrival_s))
             trace = Trace.build(arr, list(w.prompt_tokens), list(w.output_tokens))
-            draws = [simulate_one(trace, cfg, engine_queue=arm.engine_queue)
-                     for cfg in cfgs]
+            draws = [simulate_one(trace, cfg, engine_queue=arm.engine_queue,
+                                  admit_delay_steps=arm.turnover_steps) for cfg in cfgs]
             for k in res:
                 vals = [d[k] for d in draws if d.get(k) is not None]
                 res[k].append(sum(vals) / len(vals) if vals else None)
         pred = {"predictor": arm.predictor} if arm.predictor else {}
         out[label] = {"policy": pol, "options": opts, **pred, "seeds": seeds,
-                      "engine_queue": arm.engine_queue, **res}
+                      "engine_queue": arm.engine_queue,
+                      **({"turnover_steps": arm.turnover_steps} if arm.turnover_steps
+                         else {}), **res}
     return out
 
 

@@ -175,3 +175,28 @@ def test_simulated_windows_model_the_graphs_engine_queue() -> None:
     assert r["d0"]["mean_imbalance_tokens"] != r["d2"]["mean_imbalance_tokens"]
     with pytest.raises(ValueError, match="engine_queue"):
         SimArm("br0", engine_queue=-1)
+
+
+def test_simulated_windows_model_the_graphs_turnover_at_depth_zero() -> None:
+    """``turnover_steps``: a bound request waits that many engine steps before its first
+    decode (the graph's report, tick, admit and install at ``dispatch_ahead`` 0); the
+    simulated window then runs slower, and the arm records it. Refused beside a queue."""
+    import pytest
+
+    from br_serve.bench.peers import Window
+    from br_serve.bench.peers_report import SimArm, simulate_windows
+    from br_serve.serve.config import parse_graph_config
+
+    base = parse_graph_config(replicas=4, slots=2)
+    rng = np.random.default_rng(12)
+    wins = [Window(i, 0, tuple([0.0] * 40), tuple(int(x) for x in rng.integers(50, 4000, 40)),
+                   tuple(int(x) for x in rng.integers(5, 20, 40))) for i in range(3)]
+    arms = {"t0": SimArm("br0"), "t3": SimArm("br0", turnover_steps=3)}
+    r = simulate_windows(base, wins, arms, True, say=lambda _: None)
+    assert "turnover_steps" not in r["t0"] and r["t3"]["turnover_steps"] == 3
+    # short outputs: 3 idle steps per admission cost far more than any placement gains
+    assert sum(r["t3"]["throughput_tok_s"]) < 0.9 * sum(r["t0"]["throughput_tok_s"])
+    with pytest.raises(ValueError, match="turnover_steps"):
+        SimArm("br0", engine_queue=2, turnover_steps=1)
+    with pytest.raises(ValueError, match="turnover_steps"):
+        SimArm("br0", turnover_steps=-1)
