@@ -238,6 +238,7 @@ def simulate(trace: Trace, config: SimConfig, *,
         while changed and len(pool) and fast.free(cnt) > 0:
             changed = False
             chosen: list[Assignment] = []
+            retick = None  # a hold's hint from any of this tick's policy calls
             # the graph's dispatch ahead: as its scheduler's tick, free engine slots
             # first, then queue places for the backlog only (br_serve.core.ahead)
             for phase in ("engine", "queue") if ahead else ("all",):
@@ -264,8 +265,8 @@ def simulate(trace: Trace, config: SimConfig, *,
                 res = policy.schedule(snap, pool, t, k)
                 tick_ns.append(time.perf_counter_ns() - t0)
                 pred_failed += not res.predictor_ok
-                retick = (res.retick_s if res.retick_s is not None and res.retick_s > t
-                          else None)
+                if res.retick_s is not None and res.retick_s > t:
+                    retick = res.retick_s
                 placed = res.assignments if limit is None else res.assignments[:limit]
                 _bind(placed)
                 chosen += placed
