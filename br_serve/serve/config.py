@@ -73,7 +73,10 @@ class ServePoolConfig(PoolConfig):
     (late binding), so a draining pool's last requests go to the ranks that free a slot
     first. None: 2 with remote engines
     (``engine.name=vllm|sglang``, which queue per rank), 0 with the graph's own engines,
-    which have no queue (a value > 0 is refused there)."""
+    which have no queue (a value > 0 is refused there). It acts only while every engine
+    slot is busy: in a saturated backlog (Mooncake, G = 8, docs/peers.md) 0 gave 3.4%
+    more output tokens per second and an 18% lower TPOT P95 than 2, and a 19% higher
+    TTFT P50."""
 
 
 class TransportConfig(Section):
