@@ -17,7 +17,6 @@ imbalance.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -28,7 +27,7 @@ from br_serve.sim import parse_sim_config, simulate
 from br_serve.sim.config import with_dispatch_ahead
 from br_serve.sim.stats import paired
 from br_serve.traces import Trace
-from research.peers_common import SETTINGS, bench_cell
+from research.peers_common import SETTINGS, bench_cell, cell_parser
 
 
 def run(w: Any, g: int, slots: int, policy: str, d: int) -> dict[str, float]:
@@ -48,13 +47,7 @@ def run(w: Any, g: int, slots: int, policy: str, d: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--replicas", type=int, required=True)
-    ap.add_argument("--slots", type=int, required=True)
-    ap.add_argument("--window", type=int, required=True)
-    ap.add_argument("--windows", type=int, default=4)
+    ap = cell_parser(__doc__)
     ap.add_argument("--depths", default="0,1,2", help="comma list of dispatch-ahead depths")
     ap.add_argument("--json")
     a = ap.parse_args()

@@ -25,7 +25,6 @@ live graph behaves like.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 
 from br_serve.bench.peers_report import SimArm, simulate_windows
 from br_serve.sim.stats import paired
-from research.peers_common import bench_cell
+from research.peers_common import bench_cell, cell_parser
 
 
 def arms(depths: list[int], turnovers: list[int]) -> dict[str, SimArm]:
@@ -69,13 +68,7 @@ def live_rows(path: str, cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--replicas", type=int, required=True)
-    ap.add_argument("--slots", type=int, required=True)
-    ap.add_argument("--window", type=int, required=True)
-    ap.add_argument("--windows", type=int, default=4)
+    ap = cell_parser(__doc__)
     ap.add_argument("--depths", default="0,2", help="comma list of dispatch-ahead depths")
     ap.add_argument("--turnover-steps", default="", help="comma list, at depth 0")
     ap.add_argument("--spread", default="0,1.8", help="comma list of arrival spans, s")

@@ -7,6 +7,7 @@ replay the same windows in the simulator build them here, so they cannot drift a
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from br_serve.bench import peers
@@ -25,3 +26,16 @@ def bench_cell(trace: str, replicas: int, slots: int, window: int,
     base = parse_graph_config({"replicas": str(replicas), "slots": str(slots), **SETTINGS})
     return base, peers.windows(trace, windows, window, MAX_PROMPT_TOKENS,
                                MAX_OUTPUT_TOKENS, base.seed)
+
+
+def cell_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A research script's parser with the cell's options: ``--trace``, ``--replicas``,
+    ``--slots``, ``--window`` (requests per window) and ``--windows`` (K, default 4)."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--replicas", type=int, required=True)
+    ap.add_argument("--slots", type=int, required=True)
+    ap.add_argument("--window", type=int, required=True)
+    ap.add_argument("--windows", type=int, default=4)
+    return ap

@@ -160,14 +160,11 @@ def test_simulated_windows_model_the_graphs_engine_queue() -> None:
     simulator models that queue when the arm asks for it, and records the depth."""
     import pytest
 
-    from br_serve.bench.peers import Window
     from br_serve.bench.peers_report import SimArm, simulate_windows
     from br_serve.serve.config import parse_graph_config
 
     base = parse_graph_config(replicas=4, slots=2)
-    rng = np.random.default_rng(11)
-    wins = [Window(i, 0, tuple([0.0] * 40), tuple(int(x) for x in rng.integers(50, 4000, 40)),
-                   tuple(int(x) for x in rng.integers(5, 120, 40))) for i in range(3)]
+    wins = _random_windows(11, max_output=120)
     arms = {"d0": SimArm("br0"), "d2": SimArm("br0", engine_queue=2)}
     r = simulate_windows(base, wins, arms, True, say=lambda _: None)
     assert (r["d0"]["engine_queue"], r["d2"]["engine_queue"]) == (0, 2)
@@ -183,14 +180,11 @@ def test_simulated_windows_model_the_graphs_turnover_at_depth_zero() -> None:
     simulated window then runs slower, and the arm records it. Refused beside a queue."""
     import pytest
 
-    from br_serve.bench.peers import Window
     from br_serve.bench.peers_report import SimArm, simulate_windows
     from br_serve.serve.config import parse_graph_config
 
     base = parse_graph_config(replicas=4, slots=2)
-    rng = np.random.default_rng(12)
-    wins = [Window(i, 0, tuple([0.0] * 40), tuple(int(x) for x in rng.integers(50, 4000, 40)),
-                   tuple(int(x) for x in rng.integers(5, 20, 40))) for i in range(3)]
+    wins = _random_windows(12, max_output=20)
     arms = {"t0": SimArm("br0"), "t3": SimArm("br0", turnover_steps=3)}
     r = simulate_windows(base, wins, arms, True, say=lambda _: None)
     assert "turnover_steps" not in r["t0"] and r["t3"]["turnover_steps"] == 3
@@ -200,3 +194,13 @@ def test_simulated_windows_model_the_graphs_turnover_at_depth_zero() -> None:
         SimArm("br0", engine_queue=2, turnover_steps=1)
     with pytest.raises(ValueError, match="turnover_steps"):
         SimArm("br0", turnover_steps=-1)
+
+
+def _random_windows(seed: int, max_output: int) -> list[Any]:
+    """Three saturated windows of 40 requests: prompts 50-3999 tokens, outputs 5 to
+    ``max_output - 1``."""
+    from br_serve.bench.peers import Window
+
+    rng = np.random.default_rng(seed)
+    return [Window(i, 0, tuple([0.0] * 40), tuple(int(x) for x in rng.integers(50, 4000, 40)),
+                   tuple(int(x) for x in rng.integers(5, max_output, 40))) for i in range(3)]
