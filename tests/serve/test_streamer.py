@@ -139,6 +139,36 @@ def test_client_gone_before_admission_drops_entry_and_kv() -> None:
     asyncio.run(go())
 
 
+def test_client_gone_while_its_submit_waits_drops_entry_and_kv() -> None:
+    """A client that leaves before the response began is seen as a cancellation of the
+    handler (Serve's proxy and the ingress replica's own HTTP server both cancel it),
+    here while the submit waits: it rides out a scheduler restart for up to a minute.
+    Before: the entry stayed in ``_pending``, the restarted scheduler got it again from
+    the ingress's resubmission, and it ran to its end for nobody (its inbox stayed too,
+    so its admission was not aborted); its KV was never released."""
+    async def go() -> None:
+        s, sched, dec, keeper = _world("queued")
+        sched.answers["submit"] = lambda entry: _NEVER  # the scheduler is restarting
+        rid = f"{s.owner}-1"
+        task = asyncio.ensure_future(s.generate("a b c", _params()).__anext__())
+        while not sched.called("submit"):
+            await asyncio.sleep(0)
+        task.cancel()  # the client left
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert s._pending == {} and s._queues == {}
+        assert sched.called("cancel") == [(rid,)]  # should the submit get through
+        await asyncio.sleep(0)
+        assert [h.key for (h,) in keeper.called("release")] == [f"kv-{rid}"]
+        assert s.gate.inside == 0
+        # a submit that got through after all: its admission is aborted on arrival
+        s._route(0, [Admitted(rid, 0)])
+        assert dec[0].called("abort") == [(rid,)]
+        await s.close()
+
+    asyncio.run(go())
+
+
 def test_a_full_graph_is_refused_before_prefill_with_retry_after() -> None:
     """Before: a request beyond the pool's capacity was prefilled first and refused by
     the scheduler afterwards (a late 429, no Retry-After)."""

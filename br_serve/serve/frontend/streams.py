@@ -26,6 +26,7 @@ Contracts of :meth:`Streamer.generate`:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import dataclasses
 import logging
@@ -165,7 +166,15 @@ class Streamer(StreamerIO):
                                   out.kv, arrival_s=arrival_s)
                 self._queues[rid] = Inbox()
                 self._pending[rid] = entry
-                status = await self._call_scheduler("submit", entry)
+                try:
+                    status = await self._call_scheduler("submit", entry)
+                except asyncio.CancelledError:
+                    # the client left (Serve cancels the handler) while the submit
+                    # waited, up to a minute through a scheduler restart: left in
+                    # _pending, the entry was resubmitted after the restart and ran to
+                    # its end for nobody, its KV never released
+                    self._forget(rid)
+                    raise
                 if status in ("full", "no_replica"):
                     self._queues.pop(rid, None)
                     self._pending.pop(rid, None)
