@@ -243,6 +243,33 @@ def test_scheduler_and_replica_killed_together(port: int) -> None:
     _serving_again(port)
 
 
+def test_clients_gone_while_the_scheduler_restarts_leave_nothing_running(
+        port: int) -> None:
+    """Two clients (one streaming, one not) leave before any byte of their response
+    while their requests wait for a restarting scheduler (the ingress rides a restart
+    out for up to a minute). Serve cancels the ingress's handler; the requests must be
+    given up. Before, the ingress kept their pool entries, resubmitted them once the
+    scheduler was back, and both ran their 1,500 tokens (30 s) for nobody."""
+    _wait_for(port, _idle, 30)
+
+    async def leave() -> None:
+        async with httpx.AsyncClient(base_url=_url(port), timeout=60) as c:
+            _kill(f"{APP}:scheduler", restart=True)
+            tasks = [asyncio.ensure_future(c.post("/v1/completions", json={
+                **_payload(i, 1500), "stream": i == 1})) for i in (0, 1)]
+            await asyncio.sleep(0.5)  # prefilled (50 ms), waiting for the scheduler
+            assert not any(t.done() for t in tasks), tasks  # no response has begun
+            for t in tasks:
+                t.cancel()  # the client leaves: its connection closes
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(leave())
+    _wait_for(port, _all_members)
+    time.sleep(3)  # the ingress resubmits its entries once it sees the new scheduler
+    _wait_for(port, _idle, 5)
+    _serving_again(port)
+
+
 def test_prefill_replica_killed_mid_request(port: int) -> None:
     import ray
 
