@@ -359,6 +359,10 @@ class Ingress:
         self._start()
         raw = self.streamer.generate_batches(prompt, params, rid)
         gen = self._timed(_apply_filter(raw, filt) if filt.active else raw)
+        # A client gone before the response starts cancels this handler with either
+        # front (Ray's serve/_private/proxy.py HTTPProxy.send_request_to_replica; with
+        # HAProxy, replica.py _direct_ingress_asgi); the CancelledError runs gen's
+        # finally clauses, which give the request up, as it passes through them.
         try:
             first = await gen.__anext__()
         except GenerateError as exc:
