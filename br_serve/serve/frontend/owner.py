@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from br_serve.serve.frontend.liveness import ActorState, gcs_state
 from br_serve.serve.wire.messages import StreamError
 from br_serve.transport.lease import KVLease
 
@@ -54,8 +55,10 @@ class OwnerWatch:
     _chan_from: dict[int, int]
     _chan_broken: set[int]
 
-    def _owner_init(self, resolve: Resolver | None, epoch: str) -> None:
+    def _owner_init(self, resolve: Resolver | None, epoch: str,
+                    actor_state: ActorState | None = None) -> None:
         self._resolve = resolve
+        self._actor_state: ActorState = actor_state or gcs_state
         self._epoch = epoch
         self._actors_down = False
         self._actors_up = asyncio.Event()
