@@ -3,12 +3,14 @@ handles, and a fake GCS that says which actors live).
 
 What an operator expects, checked here. A decode replica whose poll stalls past its
 bound while its process lives keeps its streams: nothing is re-prefilled, the scheduler
-is not told, and the replica is not replaced. The hard bounds hold too: a live replica
-that never answers is lost after ``_POLL_MAX_S``, and a dead one as soon as the GCS
-says so, after ``_POLL_S`` as before.
+is not told, and the replica is not replaced. An owner (the ``Actors`` replica) that is
+slow to answer while its scheduler lives ends no stream and refuses no request.
+The hard bounds hold too: a live replica that never answers is lost after
+``_POLL_MAX_S``, and a dead one as soon as the GCS says so, after ``_POLL_S`` as before.
 
 Before: any poll past ``_POLL_S`` (15 s) replaced the replica and re-prefilled its
-streams.
+streams, and any owner slower than ``_RESOLVE_S`` (5 s) ended every stream in flight
+with the ACTORS_LOST error and answered new requests with 503 until it replied.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from typing import Any
 
 import pytest
+from ray.exceptions import ActorDiedError
 
 from br_serve.serve.actors import GraphActors
 from br_serve.serve.config import parse_graph_config
@@ -184,6 +187,97 @@ def test_a_silent_replica_the_gcs_does_not_have_alive_is_lost_at_the_first_bound
         t0 = time.monotonic()
         await _until(lambda: a.scheduler.called("replica_lost"), 5)
         assert time.monotonic() - t0 < 1.0  # _POLL_S is 0.1, _POLL_MAX_S 10
+        await s.close()
+
+    asyncio.run(go())
+
+
+# -- a slow owner -------------------------------------------------------------------
+def test_a_slow_owner_whose_scheduler_lives_ends_no_stream_and_refuses_nothing() -> None:
+    """Decode replica 1 really dies while the owner takes seconds to answer: its stream
+    re-prefills on replica 0, the other stream goes on, a new request is served, and
+    the replacement comes once the owner answers. Before: the owner's silence past
+    ``_RESOLVE_S`` ended both streams with ACTORS_LOST and refused new requests."""
+    async def go() -> None:
+        a, owner, gcs, s = _world()
+        d0, d1 = a.decode
+        first = asyncio.ensure_future(_collect(s, 5))
+        rid_a = await _submitted(a, 1)
+        second = asyncio.ensure_future(_collect(s, 5))
+        rid_b = await _submitted(a, 2)
+        d0.run(rid_a, 0, range(1, 3), last=4)
+        d1.run(rid_b, 1, range(1, 3), last=4)
+        await asyncio.sleep(0.2)
+        owner.up.clear()  # Serve's handle to the owner lags
+        fresh = FakeDecode()
+        owner.actors = GraphActors(a.scheduler, [d0, fresh], a.keeper, a.epoch)
+        gcs.set(d1, "DEAD")
+        d1.dead = True  # its polls now fail with ActorDiedError
+        rid_b1 = await _submitted(a, 3)  # re-prefilled, tokens 0-2 done
+        assert rid_b1 == f"{rid_b}.r1"
+        assert owner.calls >= 1 and a.scheduler.called("replica_lost") == [(1,)]
+        await asyncio.sleep(0.5)  # past _RESOLVE_S, the owner still silent
+        assert not s._actors_down
+        third = asyncio.ensure_future(_collect(s, 2))  # not a 503
+        rid_c = await _submitted(a, 4)
+        d0.tokens(rid_a, range(3, 5), last=4)
+        d0.run(rid_b1, 0, range(1, 2), last=1)
+        d0.run(rid_c, 0, range(1, 2), last=1)
+        for fut, n in ((first, 5), (second, 5), (third, 2)):
+            toks = await asyncio.wait_for(fut, 5)
+            assert [t.index for t in toks] == list(range(n)), toks
+            assert toks[-1].finished and all(t.error is None for t in toks), toks
+        assert owner.replaced == [1] and s._decode[1] is d1  # waiting for the owner
+        owner.up.set()
+        await _until(lambda: s._decode[1] is fresh, 5)
+        assert a.scheduler.called("replica_replaced") == [(1,)] and s._epoch == "e1"
+        await s.close()
+
+    asyncio.run(go())
+
+
+def test_a_scheduler_restarting_under_a_slow_owner_ends_nothing() -> None:
+    async def go() -> None:
+        a, owner, gcs, s = _world()
+        stream = asyncio.ensure_future(_collect(s, 4))
+        rid = await _submitted(a, 1)
+        owner.up.clear()
+        gcs.set(a.scheduler, "RESTARTING")
+        a.scheduler.answers["summary"] = ActorDiedError()  # restarting in place
+        await _until(lambda: owner.calls > 0, 5)
+        await asyncio.sleep(0.5)  # past _RESOLVE_S
+        assert not s._actors_down
+        a.scheduler.answers["summary"] = None
+        gcs.set(a.scheduler, liveness.ALIVE)
+        a.decode[0].run(rid, 0, range(1, 4), last=3)
+        toks = await asyncio.wait_for(stream, 5)
+        assert [t.index for t in toks] == [0, 1, 2, 3] and toks[-1].error is None
+        assert not s._actors_down and s._scheduler is a.scheduler
+        await s.close()
+
+    asyncio.run(go())
+
+
+def test_a_dead_owner_is_still_found_promptly() -> None:
+    """The owner died: the GCS has its scheduler DEAD, so its silence means what it
+    meant before: the stream ends with ACTORS_LOST, new requests get 503."""
+    async def go() -> None:
+        a, owner, gcs, s = _world()
+        stream = asyncio.ensure_future(_collect(s, 6))
+        rid = await _submitted(a, 1)
+        a.decode[0].run(rid, 0, range(1, 2), last=5)
+        await asyncio.sleep(0.2)
+        owner.up.clear()
+        for actor in (a.scheduler, *a.decode):
+            gcs.set(actor, "DEAD")
+        a.scheduler.answers["summary"] = ActorDiedError()
+        for d in a.decode:
+            d.dead = True
+        t0 = time.monotonic()
+        toks = await asyncio.wait_for(stream, 5)
+        assert time.monotonic() - t0 < 2  # _RESOLVE_S (0.3) and one GCS lookup
+        assert toks[-1].finish_reason == "error" and watch.ACTORS_LOST in (toks[-1].error or "")
+        assert s._actors_down
         await s.close()
 
     asyncio.run(go())
