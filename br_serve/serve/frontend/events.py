@@ -180,7 +180,9 @@ class StreamerIO(OwnerWatch):
         """A replica's hello names the poll whose reply came before its first batch:
         wait until that reply is applied; refuse a stale one (from before a loss)."""
         # that poll either comes back (applied) or fails (the replica is lost, which
-        # moves _chan_from past it); the bound is only a backstop below ACK_S
+        # moves _chan_from past it); the bound is a backstop below ACK_S. A poll of a
+        # slow live replica can outlast it (up to _POLL_MAX_S): the refused replica has
+        # taken nothing yet and goes back to being polled
         deadline = time.monotonic() + min(ACK_S / 2, 2 * _POLL_S)
         while True:
             if not 0 <= g < len(self._decode) or poll_no < self._chan_from.get(g, 0):
