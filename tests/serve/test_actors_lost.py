@@ -7,7 +7,9 @@ explicit error (no hang, no wait for a dead scheduler's 60 s), a new request is 
 with 503 naming the cause while the actors are gone, and once the owner answers again
 the Streamer adopts the new actors (scheduler, decode replicas, keeper) and serves.
 A scheduler that is only restarting (the owner answers with the same epoch) changes
-nothing. ``tests/serve/test_faults_ray.py`` kills the real replica.
+nothing. ``tests/serve/test_faults_ray.py`` kills the real replica. The fakes are not
+Ray actors, so the GCS cannot say whether they live, and a silent owner is taken for
+gone. ``tests/serve/test_slow_actors.py`` fakes the GCS for the slow-owner cases.
 """
 
 from __future__ import annotations

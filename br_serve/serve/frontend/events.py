@@ -8,10 +8,18 @@ scheduler watch (a mixin of :class:`br_serve.serve.frontend.streams.Streamer`).
   once a second, only shows that it lives. Each channel's batches are applied after
   the reply of the poll that opened it, so every stream keeps its order; a channel
   that breaks makes its replica lost, like a failed poll.
-- A poll that fails (the replica died) or hangs past ``_POLL_S`` marks the replica
-  lost: each request placed on it gets a ``_Lost`` item (its stream re-prefills), the
+- A poll that fails because the replica died (Ray's ``GONE``) marks the replica lost:
+  each request placed on it gets a ``_Lost`` item (its stream re-prefills), the
   scheduler is told, and the replica is replaced by a new actor of the same name, which
   the scheduler then takes into a new barrier generation; polling resumes on it.
+- A poll that has not answered in ``_POLL_S`` is not yet a death. A loaded host can
+  stall a live actor for seconds, and replacing it would re-prefill every stream on it
+  and kill a working replica. The GCS is asked about it
+  (:mod:`br_serve.serve.frontend.liveness`): not ALIVE (or no answer) makes it lost as
+  above, after ``_POLL_S`` as before. ALIVE means the same poll is awaited further,
+  with a warning every ``_POLL_S``, up to ``_POLL_MAX_S`` from its start; after that
+  it is lost even though its process lives. Meanwhile its streams only wait: nothing
+  is re-prefilled, replaced or reported to the scheduler.
 - The scheduler watch reads the scheduler's summary every ``_WATCH_S``: a changed
   incarnation (a restart) makes the Streamer resubmit its unconfirmed pool entries; the
   counts feed the overload gate.
@@ -30,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from br_serve.serve.frontend.gate import AdmissionGate
+from br_serve.serve.frontend.liveness import ActorState, reply
 from br_serve.serve.frontend.owner import ACTORS_LOST, OwnerWatch, Resolver
 from br_serve.serve.scheduler.io import SchedulerUnavailable
 from br_serve.serve.wire.channel import ACK_S, ChannelServer, ChannelSpec
@@ -40,6 +49,11 @@ from br_serve.transport.lease import KVLease
 log = logging.getLogger(__name__)
 
 _POLL_S = 15.0
+#: a poll of a replica that the GCS says is alive is awaited this long at most: the
+#: scheduler kills a replica that hangs its barrier well before this (its peers time
+#: out in ``serve.barrier_timeout_s``), so this bound is a backstop for one that answers
+#: nothing while its barrier runs
+_POLL_MAX_S = 60.0
 _WATCH_S = 0.5
 _SCHEDULER_RETRY_S = 60.0
 
@@ -114,11 +128,11 @@ class StreamerIO(OwnerWatch):
 
     def _io_init(self, scheduler: Any, decode: list[Any], replace: Replacer | None,
                  channel_host: str | None = None, resolve: Resolver | None = None,
-                 epoch: str = "") -> None:
+                 epoch: str = "", actor_state: ActorState | None = None) -> None:
         self._scheduler = scheduler
         self._decode = list(decode)
         self._replace = replace
-        self._owner_init(resolve, epoch)
+        self._owner_init(resolve, epoch, actor_state)
         self._queues: dict[str, Inbox] = {}
         self._placement: dict[str, int] = {}
         self._pending: dict[str, Admission] = {}
@@ -166,7 +180,9 @@ class StreamerIO(OwnerWatch):
         """A replica's hello names the poll whose reply came before its first batch:
         wait until that reply is applied; refuse a stale one (from before a loss)."""
         # that poll either comes back (applied) or fails (the replica is lost, which
-        # moves _chan_from past it); the bound is only a backstop below ACK_S
+        # moves _chan_from past it); the bound is a backstop below ACK_S. A poll of a
+        # slow live replica can outlast it (up to _POLL_MAX_S): the refused replica has
+        # taken nothing yet and goes back to being polled
         deadline = time.monotonic() + min(ACK_S / 2, 2 * _POLL_S)
         while True:
             if not 0 <= g < len(self._decode) or poll_no < self._chan_from.get(g, 0):
@@ -201,7 +217,8 @@ class StreamerIO(OwnerWatch):
             try:
                 call = (handle.poll.remote(self.owner, 1.0) if spec is None
                         else handle.poll.remote(self.owner, 1.0, spec, k))
-                events = await asyncio.wait_for(call, _POLL_S)
+                events = await reply(call, handle, self._actor_state,
+                                     f"decode replica {g}", "poll", _POLL_S, _POLL_MAX_S)
             except (*GONE, *TIMEOUT) as exc:
                 if self._decode[g] is not handle:
                     continue  # a replica of the actors lost before: its successor is polled

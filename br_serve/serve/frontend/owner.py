@@ -5,13 +5,24 @@ The scheduler, the decode replicas and the KV keeper all die with their owner, t
 owner makes new actors (another ``GraphActors.epoch``). A scheduler or decode replica
 found dead makes the Streamer ask the owner for the current handles (``resolve``, one
 check at a time, bounded by ``_RESOLVE_S``): the same epoch means only that actor went
-(the paths in :mod:`br_serve.serve.frontend.events` handle it); another epoch, or no
-answer, means the actors were lost. Then every stream ends at once with an explicit
-error (its tokens died with its replica, its KV with the keeper), new requests get 503
-until the owner answers again, and the Streamer adopts the new actors: its polls,
-channel hand-overs and scheduler calls go to them; nothing of the old ones is
-resubmitted. A false alarm (an owner slow to answer, the same epoch afterwards) ends
-the streams in flight explicitly and changes nothing else.
+(the paths in :mod:`br_serve.serve.frontend.events` handle it); another epoch, or a
+failure to answer, means the actors were lost. Then every stream ends at once with an
+explicit error (its tokens died with its replica, its KV with the keeper), new requests
+get 503 until the owner answers again, and the Streamer adopts the new actors: its
+polls, channel hand-overs and scheduler calls go to them; nothing of the old ones is
+resubmitted.
+
+An owner that is only slow to answer is not taken for gone. Serve's handle to it can lag
+seconds on a loaded host, and taking it for gone would end every stream and refuse new
+requests while the graph is intact. So a ``resolve`` that times out asks the GCS about
+the current scheduler (:mod:`br_serve.serve.frontend.liveness`). The scheduler restarts
+in place whatever kills it (``max_restarts=-1``), and it is DEAD only when its owner
+died: the GCS marked an owned actor DEAD 50 ms after its owner's death. Any other state
+(ALIVE, or RESTARTING for a restart in place) means the actors are still there: nothing
+ends, the check answers "not lost", and the caller handles one actor's death. DEAD, or
+no state from the GCS, means lost, within ``_RESOLVE_S`` plus one GCS lookup as before.
+If the owner did die and the GCS had not yet recorded it, the next failed call to the
+scheduler (the watch makes one every 0.5 s) checks again.
 """
 
 from __future__ import annotations
@@ -22,13 +33,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from br_serve.serve.frontend.liveness import ActorState, gcs_state
 from br_serve.serve.wire.messages import StreamError
+from br_serve.serve.wire.rpc import TIMEOUT
 from br_serve.transport.lease import KVLease
 
 log = logging.getLogger(__name__)
 
 #: an owner that does not say which actors are current within this long is taken for
-#: gone (its deployment restarts it: Serve queues the call meanwhile)
+#: gone (its deployment restarts it: Serve queues the call meanwhile), unless the GCS
+#: has its scheduler alive
 _RESOLVE_S = 5.0
 #: the end of every stream, and the 503 of new requests, while the actors are gone
 ACTORS_LOST = ("the graph's actors were lost (their Actors replica died); "
@@ -54,8 +68,10 @@ class OwnerWatch:
     _chan_from: dict[int, int]
     _chan_broken: set[int]
 
-    def _owner_init(self, resolve: Resolver | None, epoch: str) -> None:
+    def _owner_init(self, resolve: Resolver | None, epoch: str,
+                    actor_state: ActorState | None = None) -> None:
         self._resolve = resolve
+        self._actor_state: ActorState = actor_state or gcs_state
         self._epoch = epoch
         self._actors_down = False
         self._actors_up = asyncio.Event()
@@ -82,6 +98,8 @@ class OwnerWatch:
         try:
             actors = await asyncio.wait_for(self._resolve(), _RESOLVE_S)
         except Exception as exc:  # any failure to answer: the owner is gone for now
+            if isinstance(exc, TIMEOUT) and await self._owner_lives():
+                return False
             log.warning("ingress: the graph's actors are gone (owner: %r)", exc)
             self._end_all_streams()
             self._actors_down = True
@@ -95,6 +113,17 @@ class OwnerWatch:
                     self._epoch, actors.epoch)
         self._end_all_streams()
         self._adopt(actors)
+        return True
+
+    async def _owner_lives(self) -> bool:
+        """The owner did not answer in time: does the GCS still have its scheduler (DEAD
+        only once its owner died)? See the module docstring."""
+        state = await self._actor_state(self._scheduler)
+        if state is None or state == "DEAD":
+            return False
+        log.warning("ingress: the owner of the graph's actors did not answer in %g s, "
+                    "but its scheduler is %s per the GCS: the actors are still there",
+                    _RESOLVE_S, state)
         return True
 
     async def _await_actors(self) -> None:

@@ -41,6 +41,7 @@ from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import GraphConfig
 from br_serve.serve.frontend.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
 from br_serve.serve.frontend.gate import AdmissionGate
+from br_serve.serve.frontend.liveness import ActorState
 from br_serve.serve.frontend.owner import ACTORS_LOST, Resolver
 from br_serve.serve.frontend.prefilling import Prefill, make_prefill
 from br_serve.serve.wire.messages import Admission, Admitted, PrefillOutput, StreamError
@@ -79,14 +80,16 @@ class Streamer(StreamerIO):
     event channel listens on (None: the decode replicas are polled only).
     ``resolve()``: the owner's current actors, whose ``epoch`` changes when all of them
     were replaced (None: the actors never change); ``epoch``: that of ``scheduler``,
-    ``decode`` and ``lease``'s keeper.
+    ``decode`` and ``lease``'s keeper. ``actor_state(handle)``: whether an actor that
+    is slow to answer is alive (:mod:`br_serve.serve.frontend.liveness`; None: Ray's
+    GCS, which cannot say for a fake handle, so a timeout then counts as a death).
     """
 
     def __init__(self, cfg: GraphConfig, prefill: Prefill | Any, scheduler: Any,
                  decode: list[Any],
                  lease: KVLease, replace: Replacer | None = None,
                  channel_host: str | None = None, resolve: Resolver | None = None,
-                 epoch: str = "") -> None:
+                 epoch: str = "", actor_state: ActorState | None = None) -> None:
         self.cfg = cfg
         self._prefill_call = prefill if isinstance(prefill, Prefill) else Prefill(prefill)
         self.prefill = self._prefill_call.target
@@ -94,7 +97,7 @@ class Streamer(StreamerIO):
         self.owner = f"ingress-{uuid.uuid4().hex[:12]}"
         self.gate = AdmissionGate(cfg.replicas, cfg.slots, cfg.pool.capacity)
         self._seq = 0
-        self._io_init(scheduler, decode, replace, channel_host, resolve, epoch)
+        self._io_init(scheduler, decode, replace, channel_host, resolve, epoch, actor_state)
 
     def new_request_id(self) -> str:
         self._seq += 1
