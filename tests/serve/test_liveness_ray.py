@@ -1,4 +1,4 @@
-"""The GCS as the authority on a slow actor (``br_serve.serve.frontend.liveness``),
+"""The GCS as the authority on a slow actor (``br_serve.serve.wire.liveness``),
 against a real local cluster with no dashboard, as the graph runs.
 
 The ingress relies on this to tell a slow actor from a dead one. It must say ALIVE for
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from br_serve.serve.frontend import liveness
+from br_serve.serve.wire import liveness
 from tests.serve.helpers import start_ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
@@ -77,7 +77,7 @@ def test_the_gcs_tells_a_stalled_actor_from_a_dead_one(ray_up: None) -> None:
         # its poll misses a 0.5 s bound while the GCS answers ALIVE; reply waits for it
         t0 = time.monotonic()
         got = await liveness.reply(actor.poll.remote(), actor, liveness.gcs_state,
-                                   "stalled actor", "poll", 0.5, 30.0)
+                                   "stalled actor", "poll", 0.5, 30.0, who="test")
         assert got == "events" and time.monotonic() - t0 > 1.0
         await stall
         ray.kill(actor, no_restart=True)

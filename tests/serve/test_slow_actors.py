@@ -25,9 +25,10 @@ from ray.exceptions import ActorDiedError
 
 from br_serve.serve.actors import GraphActors
 from br_serve.serve.config import parse_graph_config
-from br_serve.serve.frontend import events, liveness
+from br_serve.serve.frontend import events
 from br_serve.serve.frontend import owner as watch
 from br_serve.serve.frontend.streams import Streamer
+from br_serve.serve.wire import liveness
 from br_serve.transport.lease import KVLease
 from tests.serve.test_actors_lost import FakeDecode, FakeOwner, _actors, _collect, _until
 from tests.serve.test_streamer import FakeActor, _prefill

@@ -15,7 +15,7 @@ scheduler watch (a mixin of :class:`br_serve.serve.frontend.streams.Streamer`).
 - A poll that has not answered in ``_POLL_S`` is not yet a death. A loaded host can
   stall a live actor for seconds, and replacing it would re-prefill every stream on it
   and kill a working replica. The GCS is asked about it
-  (:mod:`br_serve.serve.frontend.liveness`): not ALIVE (or no answer) makes it lost as
+  (:mod:`br_serve.serve.wire.liveness`): not ALIVE (or no answer) makes it lost as
   above, after ``_POLL_S`` as before. ALIVE means the same poll is awaited further,
   with a warning every ``_POLL_S``, up to ``_POLL_MAX_S`` from its start; after that
   it is lost even though its process lives. Meanwhile its streams only wait: nothing
@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from br_serve.serve.frontend.gate import AdmissionGate
-from br_serve.serve.frontend.liveness import ActorState, reply
 from br_serve.serve.frontend.owner import ACTORS_LOST, OwnerWatch, Resolver
 from br_serve.serve.scheduler.io import SchedulerUnavailable
 from br_serve.serve.wire.channel import ACK_S, ChannelServer, ChannelSpec
+from br_serve.serve.wire.liveness import ActorState, reply
 from br_serve.serve.wire.messages import Admission, Admitted
 from br_serve.serve.wire.rpc import BUG, GONE, TIMEOUT
 from br_serve.transport.lease import KVLease
@@ -218,7 +218,8 @@ class StreamerIO(OwnerWatch):
                 call = (handle.poll.remote(self.owner, 1.0) if spec is None
                         else handle.poll.remote(self.owner, 1.0, spec, k))
                 events = await reply(call, handle, self._actor_state,
-                                     f"decode replica {g}", "poll", _POLL_S, _POLL_MAX_S)
+                                     f"decode replica {g}", "poll", _POLL_S, _POLL_MAX_S,
+                                     who="ingress")
             except (*GONE, *TIMEOUT) as exc:
                 if self._decode[g] is not handle:
                     continue  # a replica of the actors lost before: its successor is polled

@@ -15,7 +15,7 @@ resubmitted.
 An owner that is only slow to answer is not taken for gone. Serve's handle to it can lag
 seconds on a loaded host, and taking it for gone would end every stream and refuse new
 requests while the graph is intact. So a ``resolve`` that times out asks the GCS about
-the current scheduler (:mod:`br_serve.serve.frontend.liveness`). The scheduler restarts
+the current scheduler (:mod:`br_serve.serve.wire.liveness`). The scheduler restarts
 in place whatever kills it (``max_restarts=-1``), and it is DEAD only when its owner
 died: the GCS marked an owned actor DEAD 50 ms after its owner's death. Any other state
 (ALIVE, or RESTARTING for a restart in place) means the actors are still there: nothing
@@ -33,7 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from br_serve.serve.frontend.liveness import ActorState, gcs_state
+from br_serve.serve.wire.liveness import ActorState, gcs_state
 from br_serve.serve.wire.messages import StreamError
 from br_serve.serve.wire.rpc import TIMEOUT
 from br_serve.transport.lease import KVLease

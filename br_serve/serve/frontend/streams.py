@@ -41,9 +41,9 @@ from br_serve.engine.base import SamplingParams
 from br_serve.serve.config import GraphConfig
 from br_serve.serve.frontend.events import GenerateError, Inbox, Replacer, StreamerIO, _Lost
 from br_serve.serve.frontend.gate import AdmissionGate
-from br_serve.serve.frontend.liveness import ActorState
 from br_serve.serve.frontend.owner import ACTORS_LOST, Resolver
 from br_serve.serve.frontend.prefilling import Prefill, make_prefill
+from br_serve.serve.wire.liveness import ActorState
 from br_serve.serve.wire.messages import Admission, Admitted, PrefillOutput, StreamError
 from br_serve.transport.lease import KVLease
 
@@ -81,7 +81,7 @@ class Streamer(StreamerIO):
     ``resolve()``: the owner's current actors, whose ``epoch`` changes when all of them
     were replaced (None: the actors never change); ``epoch``: that of ``scheduler``,
     ``decode`` and ``lease``'s keeper. ``actor_state(handle)``: whether an actor that
-    is slow to answer is alive (:mod:`br_serve.serve.frontend.liveness`; None: Ray's
+    is slow to answer is alive (:mod:`br_serve.serve.wire.liveness`; None: Ray's
     GCS, which cannot say for a fake handle, so a timeout then counts as a death).
     """
 

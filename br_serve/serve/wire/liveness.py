@@ -1,4 +1,8 @@
-"""Slow is not dead: the ingress waits on an actor that is late but alive.
+"""Slow is not dead: a caller waits on an actor that is late but alive.
+
+Used by the ingress (decode replicas' polls, the owner's ``resolve``). It sits in
+``wire``, which knows no room, so that every room that calls actors may use it (the
+import contracts let the scheduler import ``wire``, not ``frontend``).
 
 On a loaded host an actor's process can go unscheduled for seconds
 (``docs/vllm-cpu.md``), so a call that misses its bound says nothing about death. A
@@ -63,7 +67,7 @@ async def gcs_state(handle: Any) -> str | None:
         info = await asyncio.wait_for(asyncio.to_thread(_actor_info, actor_id.hex()),
                                       _GCS_S)
     except Exception as exc:  # the GCS unreachable or slow, or the private API moved
-        log.warning("ingress: no actor state from the GCS: %r", exc)
+        log.warning("no actor state from the GCS: %r", exc)
         return None
     state = info.get("State") if isinstance(info, dict) else None
     return state if isinstance(state, str) else None
@@ -76,9 +80,9 @@ def _actor_info(actor_id_hex: str) -> Any:
 
 
 async def reply(call: Awaitable[T], handle: Any, state_of: ActorState, what: str,
-                method: str, every_s: float, max_s: float) -> T:
+                method: str, every_s: float, max_s: float, *, who: str) -> T:
     """The answer to ``call``, ``handle``'s ``method`` (``what`` names the actor in the
-    log and the errors); see the module docstring.
+    log and the errors, ``who`` the waiting room in the log); see the module docstring.
 
     Raises:
         TimeoutError: no answer, and the actor is not alive per ``state_of``, or
@@ -103,8 +107,9 @@ async def reply(call: Awaitable[T], handle: Any, state_of: ActorState, what: str
             if state != ALIVE:
                 raise TimeoutError(f"{what}: no {method} answer in {waited:.1f} s; "
                                    f"{state or 'state unknown'} per the GCS")
-            log.warning("ingress: %s slow: no %s answer in %.1f s, alive per the GCS; "
-                        "waiting (declared lost after %.0f s)", what, method, waited, max_s)
+            log.warning("%s: %s slow: no %s answer in %.1f s, alive per the GCS; "
+                        "waiting (declared lost after %.0f s)", who, what, method, waited,
+                        max_s)
     finally:
         if not fut.done():
             fut.cancel()
