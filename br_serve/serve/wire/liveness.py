@@ -1,8 +1,9 @@
 """Slow is not dead: a caller waits on an actor that is late but alive.
 
-Used by the ingress (decode replicas' polls, the owner's ``resolve``). It sits in
-``wire``, which knows no room, so that every room that calls actors may use it (the
-import contracts let the scheduler import ``wire``, not ``frontend``).
+Used by the ingress (decode replicas' polls, the owner's ``resolve``) and the scheduler
+(decode replicas' pings and reports). It sits in ``wire``, which knows no room, so
+that both may import it (the import contracts let the scheduler import ``wire``, not
+``frontend``).
 
 On a loaded host an actor's process can go unscheduled for seconds
 (``docs/vllm-cpu.md``), so a call that misses its bound says nothing about death. A
@@ -92,6 +93,10 @@ async def reply(call: Awaitable[T], handle: Any, state_of: ActorState, what: str
     loop = asyncio.get_running_loop()
     start = loop.time()
     deadline = start + max_s
+    # the hard bound's error says the process lives only if the authority said so; with
+    # max_s <= every_s (the scheduler's bounds for a replica still being built) it was
+    # never asked
+    seen_alive = False
     try:
         while True:
             await asyncio.wait((fut,), timeout=max(0.0, min(every_s, deadline - loop.time())))
@@ -99,14 +104,16 @@ async def reply(call: Awaitable[T], handle: Any, state_of: ActorState, what: str
                 return fut.result()
             waited = loop.time() - start
             if loop.time() >= deadline:
+                alive = ", though its process is alive" if seen_alive else ""
                 raise TimeoutError(f"{what}: no {method} answer in {waited:.1f} s (the "
-                                   "bound), though its process is alive")
+                                   f"bound){alive}")
             state = await state_of(handle)
             if fut.done():  # it answered while the GCS was asked
                 return fut.result()
             if state != ALIVE:
                 raise TimeoutError(f"{what}: no {method} answer in {waited:.1f} s; "
                                    f"{state or 'state unknown'} per the GCS")
+            seen_alive = True
             log.warning("%s: %s slow: no %s answer in %.1f s, alive per the GCS; "
                         "waiting (declared lost after %.0f s)", who, what, method, waited,
                         max_s)
