@@ -16,8 +16,10 @@ Where state lives (why a crash loses nothing):
 
 Faults: a replica whose barrier failed, or that the ingress lost, is pinged; the dead
 ones are marked dead (and killed) and a new barrier generation is formed among the
-survivors. The ingress replaces a dead replica with a new actor of the same name and
-tells the scheduler (``replica_replaced``), which forms a generation that includes it.
+survivors. A late ping is a death only when Ray's GCS agrees, or once a replica alive
+per the GCS stays silent for ``PING_MAX_S`` (:mod:`br_serve.serve.scheduler.io`). The
+ingress replaces a dead replica with a new actor of the same name and tells the
+scheduler (``replica_replaced``), which forms a generation that includes it.
 Requests of a dead replica are re-prefilled (or errored) by the ingress that owns them.
 """
 
@@ -36,7 +38,8 @@ from br_serve.serve.scheduler.core import SchedulerCore, SubmitStatus
 from br_serve.serve.scheduler.io import SchedulerIO
 from br_serve.serve.wire.messages import Admission, ReplicaReport
 
-#: a replacement's constructor may still run (imports, engine set-up)
+#: a replacement's constructor may still run (imports, engine set-up); longer than
+#: ``PING_MAX_S``, so also its hard bound (the GCS has a replica ALIVE only once built)
 PING_S_REPLACED = 60.0
 #: the fitted step coefficients go to the metrics at most this often (seconds)
 COEF_EXPORT_S = 1.0

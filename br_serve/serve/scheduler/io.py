@@ -10,11 +10,16 @@ A mixin of :class:`br_serve.serve.scheduler.actor.Scheduler`; every decision is 
   barrier generation or forms a new one. Readiness follows, even with no replica left
   (then requests are refused with 503); a failure of bootstrap itself is kept and
   raised to every caller instead of leaving them waiting;
-- pings wait ``PING_S``; a replica that does not answer is dead (and killed, so that
-  it cannot come back half-alive); one whose ``ping`` raised is alive (a bug is logged,
-  it is not a death);
+- pings wait ``PING_S``, then ask the GCS's actor table (:mod:`br_serve.serve.wire.liveness`):
+  a replica it has DEAD, or about which it cannot say, is dead (and killed, so that it
+  cannot come back half-alive), as is one that Ray reports gone (at once). One it has
+  ALIVE is slow, not dead (a loaded host stalls live processes for seconds): its ping
+  is awaited up to ``PING_MAX_S``, then it is dead too (hung). One whose ``ping``
+  raised is alive (a bug is logged, it is not a death);
+- a late report is never a death; it is awaited like a ping all the same;
 - forming a generation is bounded by the barrier's join timeout, and retried among the
-  replicas still alive;
+  replicas still alive (a join or an admit that times out decides nothing: the pings
+  that follow do);
 - the decode replicas report over the scheduler's report channel
   (:mod:`br_serve.serve.wire.channel`, ``event_channel=tcp``): bootstrap opens it, and it is
   announced to every member of every generation (and of an adopted one), so a
@@ -36,6 +41,7 @@ from br_serve.serve.config import GraphConfig
 from br_serve.serve.metrics import RequestTimeline
 from br_serve.serve.scheduler.core import Dispatch, SchedulerCore
 from br_serve.serve.wire.channel import ChannelServer, ChannelSpec, decode_reports
+from br_serve.serve.wire.liveness import ActorState, gcs_state, reply
 from br_serve.serve.wire.messages import AdmitReply, ReplicaReport
 from br_serve.serve.wire.rpc import BUG, GONE, TIMEOUT, UNAVAILABLE
 
@@ -44,6 +50,13 @@ log = logging.getLogger(__name__)
 LOOKUP_S = 10.0
 START_S = 120.0
 PING_S = 3.0
+#: a replica alive per the GCS whose ping is late is awaited this long from the call
+#: (or the caller's bound, if longer), then it is dead. Every rank of the lock-step group
+#: stalls while a member is awaited, so it stays short; it covers the stalls seen on the
+#: 2-core host (2-9 s, docs/vllm-cpu.md) twice over, and with the peers' barrier timeout
+#: (``serve.barrier_timeout_s``, 10 s) a hung replica is killed within about 30 s,
+#: before the ingress gives its poll up (``_POLL_MAX_S``, 60 s)
+PING_MAX_S = 20.0
 READY_S = 180.0
 ADMIT_S = 120.0
 _JOIN_S = 90.0
@@ -78,6 +91,8 @@ class SchedulerIO:
         #: pulls of ``DecodeReplica.report`` when (re)starting (``/v1/br/state``)
         self.reports_by_path = {"channel": 0, "ray": 0, "pull": 0}
         self._timeline = RequestTimeline()  # pool entry and binding time per request
+        #: whether a replica that is late to answer lives (tests: a fake GCS)
+        self._actor_state: ActorState = gcs_state
 
     def _on_report(self, rep: ReplicaReport) -> None:
         raise NotImplementedError  # the Scheduler's
@@ -213,23 +228,35 @@ class SchedulerIO:
                 return out
             await asyncio.sleep(0.1)
 
+    async def _call(self, g: int, method: str, timeout_s: float) -> Any:
+        """Replica ``g``'s answer to ``method``: a timeout after ``timeout_s`` only if
+        the GCS does not have it ALIVE, else after ``PING_MAX_S`` (the module docstring)."""
+        handle = self.decode[g]
+        return await reply(getattr(handle, method).remote(), handle, self._actor_state,
+                           f"decode replica {g}", method, timeout_s,
+                           max(timeout_s, PING_MAX_S), who="scheduler")
+
     async def _report_of(self, g: int) -> ReplicaReport | None:
+        """Its latest report, None if it gives none: never a death (the ping before
+        said it lives), but a missing one costs the adoption of the running generation
+        (all ranks then rejoin a new one) and leaves the mirror without its requests,
+        so a late one of a live replica is awaited like a ping."""
         try:
-            rep: ReplicaReport | None = await asyncio.wait_for(
-                self.decode[g].report.remote(), PING_S)
+            rep: ReplicaReport | None = await self._call(g, "report", PING_S)
             self.reports_by_path["pull"] += rep is not None
             return rep
         except UNAVAILABLE as exc:
             log.warning("scheduler: no report from replica %d: %s", g, exc)
             return None
 
-    async def _ping(self, g: int, timeout_s: float) -> tuple[int, str] | None:
-        """``(generation, incarnation)`` of a live replica, None if it is gone or hung."""
-        handle = self.decode[g]
-        if handle is None:
+    async def _ping(self, g: int, timeout_s: float | None = None) -> tuple[int, str] | None:
+        """``(generation, incarnation)`` of a live replica, None if it is gone or hung
+        (``timeout_s``: the first bound, ``PING_S`` if None)."""
+        if self.decode[g] is None:
             return None
         try:
-            _, gen, inc = await asyncio.wait_for(handle.ping.remote(), timeout_s)
+            _, gen, inc = await self._call(g, "ping", PING_S if timeout_s is None
+                                           else timeout_s)
             return int(gen), str(inc)
         except UNAVAILABLE:
             return None
@@ -237,7 +264,7 @@ class SchedulerIO:
             log.exception("scheduler: ping of replica %d raised", g)
             return 0, self.core.mirror.incarnation[g]
 
-    async def _ping_all(self, which: list[int], timeout_s: float = PING_S
+    async def _ping_all(self, which: list[int], timeout_s: float | None = None
                         ) -> dict[int, tuple[int, str]]:
         res = await asyncio.gather(*(self._ping(g, timeout_s) for g in which))
         return {g: r for g, r in zip(which, res, strict=True) if r is not None}
