@@ -113,6 +113,16 @@ async def _until(pred: Any, timeout_s: float) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _ends_exactly_on_the_same_actors(s: Streamer, a: GraphActors, rid: str,
+                                           stream: Any) -> None:
+    """Decode replica 0 finishes ``rid`` (3 tokens after the first): the stream ends
+    exact, and the Streamer still serves with the same actors, none taken for lost."""
+    a.decode[0].run(rid, 0, range(1, 4), last=3)
+    toks = await asyncio.wait_for(stream, 5)
+    assert [t.index for t in toks] == [0, 1, 2, 3] and toks[-1].error is None
+    assert not s._actors_down and s._scheduler is a.scheduler
+
+
 @pytest.fixture(autouse=True)
 def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(watch, "_RESOLVE_S", 0.3)
@@ -175,10 +185,7 @@ def test_a_restarting_scheduler_under_the_same_owner_ends_nothing() -> None:
         a.scheduler.answers["summary"] = ActorDiedError()  # restarting in place
         await _until(lambda: owner.calls > 0, 5)  # the Streamer asked the owner
         a.scheduler.answers["summary"] = None
-        a.decode[0].run(rid, 0, range(1, 4), last=3)
-        toks = await asyncio.wait_for(stream, 5)
-        assert [t.index for t in toks] == [0, 1, 2, 3] and toks[-1].error is None
-        assert not s._actors_down and s._scheduler is a.scheduler
+        await _ends_exactly_on_the_same_actors(s, a, rid, stream)
         await s.close()
 
     asyncio.run(go())

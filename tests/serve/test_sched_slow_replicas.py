@@ -143,21 +143,24 @@ def _alive(sch: Scheduler) -> list[bool]:
     return [bool(a) for a in sch.core.mirror.alive()]
 
 
+async def _reform_with_replica_1_hung(late: bool) -> tuple[Scheduler, FakeGCS, float]:
+    """A re-formation of two replicas, replica 1 hung (``late``: it answers once the GCS
+    was asked about it); the scheduler, the fake GCS and the seconds it took."""
+    reps = [FakeReplica(0), FakeReplica(1)]
+    gcs = FakeGCS()
+    sch = _scheduler(reps, gcs)
+    reps[1].hang(late=late)
+    t0 = time.monotonic()
+    await sch._reform()
+    return sch, gcs, time.monotonic() - t0
+
+
 def test_a_live_replica_whose_ping_is_late_is_kept(kills: list[int],
                                                    caplog: pytest.LogCaptureFixture) -> None:
     """A barrier failure makes the scheduler ping every replica; replica 1 answers only
     after the first bound, alive per the GCS: it stays, in the next generation."""
-    async def go() -> tuple[Scheduler, FakeGCS, float]:
-        reps = [FakeReplica(0), FakeReplica(1)]
-        gcs = FakeGCS()
-        sch = _scheduler(reps, gcs)
-        reps[1].hang(late=True)
-        t0 = time.monotonic()
-        await sch._reform()
-        return sch, gcs, time.monotonic() - t0
-
     with caplog.at_level(logging.WARNING):
-        sch, gcs, took = asyncio.run(go())
+        sch, gcs, took = asyncio.run(_reform_with_replica_1_hung(late=True))
     assert kills == []
     assert _alive(sch) == [True, True]
     assert sch.core.members.members == (0, 1)
@@ -243,17 +246,8 @@ def test_a_live_replica_that_never_answers_is_dead_after_the_hard_bound(
         kills: list[int], caplog: pytest.LogCaptureFixture) -> None:
     """Alive per the GCS but hung: waited for (with warnings), then killed at
     ``PING_MAX_S``, so a hung member does not stall the lock-step group for long."""
-    async def go() -> tuple[Scheduler, FakeGCS, float]:
-        reps = [FakeReplica(0), FakeReplica(1)]
-        gcs = FakeGCS()
-        sch = _scheduler(reps, gcs)
-        reps[1].hang(late=False)
-        t0 = time.monotonic()
-        await sch._reform()
-        return sch, gcs, time.monotonic() - t0
-
     with caplog.at_level(logging.WARNING):
-        sch, gcs, took = asyncio.run(go())
+        sch, gcs, took = asyncio.run(_reform_with_replica_1_hung(late=False))
     assert kills == [1] and _alive(sch) == [True, False]
     assert sch.core.members.members == (0,)
     assert gcs.asked.count(1) >= 2  # checked again while waiting

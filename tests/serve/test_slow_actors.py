@@ -30,7 +30,14 @@ from br_serve.serve.frontend import owner as watch
 from br_serve.serve.frontend.streams import Streamer
 from br_serve.serve.wire import liveness
 from br_serve.transport.lease import KVLease
-from tests.serve.test_actors_lost import FakeDecode, FakeOwner, _actors, _collect, _until
+from tests.serve.test_actors_lost import (
+    FakeDecode,
+    FakeOwner,
+    _actors,
+    _collect,
+    _ends_exactly_on_the_same_actors,
+    _until,
+)
 from tests.serve.test_streamer import FakeActor, _prefill
 
 
@@ -250,10 +257,7 @@ def test_a_scheduler_restarting_under_a_slow_owner_ends_nothing() -> None:
         assert not s._actors_down
         a.scheduler.answers["summary"] = None
         gcs.set(a.scheduler, liveness.ALIVE)
-        a.decode[0].run(rid, 0, range(1, 4), last=3)
-        toks = await asyncio.wait_for(stream, 5)
-        assert [t.index for t in toks] == [0, 1, 2, 3] and toks[-1].error is None
-        assert not s._actors_down and s._scheduler is a.scheduler
+        await _ends_exactly_on_the_same_actors(s, a, rid, stream)
         await s.close()
 
     asyncio.run(go())
