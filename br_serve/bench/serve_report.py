@@ -38,7 +38,7 @@ from br_serve.serve.config import GraphConfig
 #: The issue's acceptance band for measured-vs-simulated gain.
 GOAL_PP = 3.0
 
-_SIM_KEYS = ("throughput_tok_s", "tpot_p50_ms", "tpot_p95_ms", "ttft_p50_ms",
+_SIM_KEYS = ("throughput_tok_s", "tpot_p50_ms", "tpot_p95_ms", "ttft_p50_ms", "ttft_p95_ms",
              "mean_imbalance_tokens", "balanced_bound_tok_s", "makespan_s", "steps")
 
 

@@ -47,7 +47,11 @@ formed at once: the oldest request arrived with it (age 0). So the budget binds 
 request whose FCFS wait (``T_p - arrival``) is at most ``ttft_queue_age_factor`` x
 that age (``arrival - the oldest pool request's arrival``, read at the first tick that
 saw the request); a request FCFS would have started at its arrival (wait 0) is online
-either way. Online: pool contents at the tick, no oracle.
+either way, and so is one FCFS would have started within ``ttft_online_wait_s`` of its
+arrival (online traffic arrives in clumps: a dozen requests at one instant into an
+empty pool have a queue age of 0, yet FCFS starts them within seconds; without this
+floor the test took them for a batch and left them to BalanceRoute's order, the tail
+of TTFT at capacity). Online: pool contents at the tick, no oracle.
 
 Deadlines grow along the pool's FCFS order when requests enter in one batch (a
 saturated pool) or with ``factor = 1``; otherwise a later entry can fall due first and
@@ -78,6 +82,7 @@ class AgeingRule:
     fcfs_wait_factor: float = 1.0
     ttft_backlog_s: float | None = None
     ttft_queue_age_factor: float | None = None
+    ttft_online_wait_s: float | None = None
 
 
 def _share(waited_s: float, budget_s: float) -> float:
@@ -179,6 +184,9 @@ class Ageing:
         entered (a burst builds a queue much faster than the cluster drains it)."""
         if kappa is None:
             return True
+        floor = self.rule.ttft_online_wait_s
+        if floor is not None and turn - req.arrival_s <= floor:
+            return True  # FCFS would have started it this soon: online, clump or not
         head = self.head_arrival_at_entry(rank)
         if head is None:
             return True  # no record (not expected): no evidence of a burst

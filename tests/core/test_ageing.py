@@ -123,6 +123,27 @@ def test_ttft_budget_stands_down_for_a_queue_formed_in_a_burst(factor: float | N
         assert burst == []  # backlog work: the relative rule (off here) binds it
 
 
+@pytest.mark.parametrize("floor_s", [None, 2.0])
+def test_a_clump_fcfs_starts_within_the_floor_is_online(floor_s: float | None) -> None:
+    """Online traffic arrives in clumps: requests at one instant into an empty pool have
+    a queue age of 0, as a batch has. One whose FCFS turn came within
+    ``ttft_online_wait_s`` of its arrival is online work whatever that age; a later turn
+    is still judged by the age test."""
+    rule = AgeingRule(ttft_budget_s=4.0, soft_share=1.0, ttft_backlog_s=10.0,
+                      ttft_queue_age_factor=4.0, ttft_online_wait_s=floor_s)
+    ag = Ageing(rule)
+    pool = _pool([100, 200, 300, 400], arrival_s=0.0)
+    assert _tick(ag, pool, 0.0, []) == []
+    # r0's FCFS turn comes 1 s after arrival (r3 taken), r1's 3 s after (r2 taken)
+    assert _tick(ag, pool, 1.0, ["r3"]) == []
+    assert _tick(ag, pool, 3.0, ["r2"]) == []
+    late = _tick(ag, pool, 5.0, [])
+    if floor_s is None:
+        assert late == []  # the clump reads as a batch: backlog work
+    else:
+        assert late == [("r0", True)]  # r0: turn 1 s <= 2 s; r1: 3 s > 2 s, age 0
+
+
 def test_every_rule_off_means_nobody_starves() -> None:
     ag = Ageing(AgeingRule())
     pool = _pool([100])

@@ -54,6 +54,11 @@ class TickOptions(Options):
         "if its FCFS wait is at most this multiple of the age of the oldest pool request "
         "when it entered: a queue that formed in a burst (a batch arriving at once) is "
         "backlog work, however soon it drains (None: no such test)")
+    ttft_budget_online_wait_s: float | None = option(
+        None, ge=0, doc="with ttft_budget_queue_age_factor: a request whose FCFS wait is "
+        "at most this many seconds is online work whatever the queue's age (arrivals "
+        "come in clumps: a clump into an empty pool has age 0, yet FCFS starts it at "
+        "once; None: the age test alone)")
     ageing_soft_share: float = option(
         0.25, ge=0, le=1, doc="fairness lead time: a request past this share of its "
         "slack (or TTFT budget) is placed first where it fits without overflow (1: off)")
@@ -81,7 +86,8 @@ class TickOptions(Options):
                           soft_share=self.ageing_soft_share,
                           fcfs_wait_factor=self.fcfs_wait_factor,
                           ttft_backlog_s=self.ttft_budget_backlog_s,
-                          ttft_queue_age_factor=self.ttft_budget_queue_age_factor)
+                          ttft_queue_age_factor=self.ttft_budget_queue_age_factor,
+                          ttft_online_wait_s=self.ttft_budget_online_wait_s)
 
 
 @dataclass(frozen=True, slots=True)
