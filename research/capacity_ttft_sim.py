@@ -9,7 +9,11 @@ at arrival, the engine queues) and for each br0 variant of ``--variants`` at dis
 ahead ``--depth`` (the graph's default 2), and prints per arm and scale the windows' TTFT
 P95, TPOT P95 and output tok/s, and per arm and window the capacity: the highest scale of
 the grid below the first one that misses the SLO (TPOT P95 <= ``--tpot-ms``, TTFT P95 <=
-``--ttft-s``).
+``--ttft-s``), with each arm's capacity paired by window against round robin's and
+the first variant's (mean [95% t] of the per-window ratios; a window where the
+reference met the SLO at no scale of the grid has no ratio). ``--tpot-ms 1e9`` gives the
+TTFT-bound capacity alone (on these windows the TPOT bound sits inside every arm's
+plateau, docs/peers.md).
 
 A variant is ``label=policy[:key=value;key=value]`` (values parsed as JSON, ``null`` for
 None), e.g. ``fifo_budget=br0:ttft_budget_backlog_s=null``.
@@ -105,13 +109,18 @@ def main() -> None:
             print(f"  x{s:g}: TTFT P95 " + " ".join(f"{r['ttft_p95_ms'] / 1e3:5.2f}"
                                                    for r in rows)
                   + "  TPOT P95 " + " ".join(f"{r['tpot_p95_ms']:5.1f}" for r in rows))
-    rr = res["round_robin"]["capacity_scale"]
-    for label, r in res.items():
-        if label != "round_robin":
-            g = paired([(c - b) / b for c, b in zip(r["capacity_scale"], rr, strict=True)
+    # paired against round robin and against the first variant
+    first = next((k for k in arms if k != "round_robin"), None)
+    for base_label in ("round_robin", first):
+        ref = res[base_label]["capacity_scale"] if base_label else []
+        for label, r in res.items():
+            if label in ("round_robin", base_label) or not base_label:
+                continue
+            # a window where the reference met the SLO at no scale has no ratio
+            g = paired([(c - b) / b for c, b in zip(r["capacity_scale"], ref, strict=True)
                         if b > 0]).as_dict()
-            r["capacity_vs_round_robin"] = g
-            print(f"{label} vs round robin: {100 * g['mean']:+.1f}% "
+            r[f"capacity_vs_{base_label}"] = g
+            print(f"{label} vs {base_label}: {100 * g['mean']:+.1f}% "
                   f"[{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]")
     if a.json:
         Path(a.json).write_text(json.dumps({"config": vars(a), "arms": res}, indent=2) + "\n")
