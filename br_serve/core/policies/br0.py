@@ -26,8 +26,8 @@ class TickOptions(Options):
     pool wait reaches ``fcfs_wait_factor`` x its FCFS pool wait +
     ``max_wait_beyond_fcfs_s``, or it arrived ``ttft_budget_s`` ago and is not backlog
     work (its FCFS turn came within ``ttft_budget_backlog_s`` of its arrival, and within
-    ``ttft_budget_queue_age_factor`` x the age of the queue it joined). ``None`` turns a
-    rule off.
+    ``ttft_budget_queue_age_factor`` x the age of the queue it joined or within the
+    budget itself). ``None`` turns a rule off.
     """
 
     s_greedy: int | None = option(
@@ -53,12 +53,8 @@ class TickOptions(Options):
         4.0, ge=0, doc="with ttft_budget_backlog_s, the TTFT budget binds a request only "
         "if its FCFS wait is at most this multiple of the age of the oldest pool request "
         "when it entered: a queue that formed in a burst (a batch arriving at once) is "
-        "backlog work, however soon it drains (None: no such test)")
-    ttft_budget_online_wait_s: float | None = option(
-        None, ge=0, doc="with ttft_budget_queue_age_factor: a request whose FCFS wait is "
-        "at most this many seconds is online work whatever the queue's age (arrivals "
-        "come in clumps: a clump into an empty pool has age 0, yet FCFS starts it at "
-        "once; None: the age test alone)")
+        "backlog work, however soon it drains; one FCFS would have started within the "
+        "TTFT budget is online either way (arrivals come in clumps; None: no such test)")
     ageing_soft_share: float = option(
         0.25, ge=0, le=1, doc="fairness lead time: a request past this share of its "
         "slack (or TTFT budget) is placed first where it fits without overflow (1: off)")
@@ -87,7 +83,8 @@ class TickOptions(Options):
                           fcfs_wait_factor=self.fcfs_wait_factor,
                           ttft_backlog_s=self.ttft_budget_backlog_s,
                           ttft_queue_age_factor=self.ttft_budget_queue_age_factor,
-                          ttft_online_wait_s=self.ttft_budget_online_wait_s)
+                          # FCFS would have started it within the budget: online work
+                          ttft_online_wait_s=self.ttft_budget_s)
 
 
 @dataclass(frozen=True, slots=True)
