@@ -9,7 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from br_serve.serve.cli import common_arguments, free_port, kv_args, start_ray, stop_ray
+from br_serve.serve.cli import (
+    common_arguments,
+    kv_args,
+    on_free_port,
+    port_given,
+    start_ray,
+    stop_ray,
+)
 from br_serve.serve.config import field_path, from_stored, parse_graph_config
 
 
@@ -25,8 +32,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ValueError(f"--set {key}: give the runs with --policies (NAME, "
                              "LABEL=NAME, NAME:PREDICTOR) and their options with "
                              "--policy-option")
-    opts = {"replicas": "8", "serve.port": str(free_port()), "pool.capacity": "4096",
-            **given}
+    opts = {"replicas": "8", "pool.capacity": "4096", **given}
     base = parse_graph_config(opts)
     for spec in args.slow:
         base = slowed(base, *_slow_spec(spec))
@@ -48,6 +54,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--baseline: {baseline!r} is not one of the runs "
                          f"({', '.join(labels)})")
     start_ray(args.num_cpus, base.serve.front)
+    if not port_given(given):
+        base = on_free_port(base)  # after Ray's own processes took their ports
+        planned = plan_runs(base, policies, parse_key_values(args.policy_option))
     try:
         res = run_bench(base, planned, trace, Path(args.out), args.timeout,
                         repeats=args.repeats, jitter_s=args.sim_jitter, seeds=args.sim_seeds,

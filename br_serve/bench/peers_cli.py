@@ -18,7 +18,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from br_serve.serve.cli import common_arguments, free_port, kv_args, start_ray, stop_ray
+from br_serve.serve.cli import (
+    common_arguments,
+    kv_args,
+    on_free_port,
+    port_given,
+    start_ray,
+    stop_ray,
+)
 
 PROTOCOLS = ("sglang", "vllm")
 
@@ -74,8 +81,8 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--trace: no such file {args.trace}")
     if args.windows < 1 or args.window < 2:
         raise ValueError("--windows must be >= 1 and --window >= 2")
-    opts = {"replicas": "4", "serve_port": str(free_port()), "pool_capacity": "4096",
-            **kv_args(args.set)}
+    given = kv_args(args.set)
+    opts = {"replicas": "4", "pool_capacity": "4096", **given}
     base = parse_graph_config(opts)
     scales = tuple(float(x) for x in args.timed_scales.split(",") if x.strip())
     if any(s <= 0 for s in scales):
@@ -94,8 +101,6 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     if args.sim_seeds < 1:
         raise ValueError(f"--sim-seeds: must be >= 1 (got {args.sim_seeds})")
     live = [(p, a) for p, a in arms if a.router == "graph" or not args.keep_router_runs]
-    plan = peers.Plan(base, tuple(live), tuple(wins), not args.no_saturated, scales,
-                      args.timeout)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {"trace": args.trace, "windows": args.windows, "window": args.window,
@@ -112,6 +117,11 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         rows, cap, config = _measured(args.resim, config)
     else:
         start_ray(args.num_cpus, base.serve.front)
+        if not port_given(given):
+            base = on_free_port(base)  # after Ray's own processes took their ports
+            config["graph"] = base.model_dump(exclude={"api_key"})
+        plan = peers.Plan(base, tuple(live), tuple(wins), not args.no_saturated, scales,
+                          args.timeout)
         try:
             rows = peers.run_plan(plan) + kept
             cap = None

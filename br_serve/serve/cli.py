@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from br_serve.serve.config import GraphConfig, GraphConfigError, parse_graph_config
@@ -34,6 +35,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_given(given: Mapping[str, str]) -> bool:
+    """Whether the ``--set`` arguments name ``serve.port`` (in any spelling)."""
+    from br_serve.serve.config import field_path
+
+    return any(field_path(k) == ("serve", "port") for k in given)
+
+
+def on_free_port(base: GraphConfig) -> GraphConfig:
+    """``base`` with its Serve front door on a local port that is free now. Call it
+    after :func:`start_ray`: Ray's processes bind ephemeral ports of their own as they
+    start, and a port picked before them can be taken by one (a raylet once held the
+    bench's Serve port; HAProxy could not bind it and every graph request of an
+    hour-long bench failed)."""
+    return parse_graph_config(base, serve_port=free_port())
 
 
 #: the environment switch of Serve's HAProxy ingress (read by Ray's processes at start)
@@ -117,11 +134,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Start local Ray, deploy the default graph, send requests, print, shut down."""
     import asyncio
 
-    opts = {"serve.port": str(free_port()), **kv_args(args.set)}
-    cfg = parse_graph_config(opts)
+    given = kv_args(args.set)
+    cfg = parse_graph_config(given)
     from br_serve.serve.graph import deploy
 
     start_ray(args.num_cpus, cfg.serve.front)
+    if not port_given(given):
+        cfg = on_free_port(cfg)  # after Ray's own processes took their ports
     try:
         t0 = time.perf_counter()
         deploy(cfg)

@@ -35,6 +35,25 @@ def test_missing_trace_file_is_named(capsys: pytest.CaptureFixture[str]) -> None
     assert "/nonexistent/t.jsonl" in capsys.readouterr().err
 
 
+def test_a_port_is_picked_only_where_none_was_given_and_keeps_the_rest() -> None:
+    """The launchers pick the Serve port after Ray started (on_free_port): Ray's own
+    processes bind ephemeral ports as they start and once took one picked before them.
+    A port the user gave is kept; the picked one is free and nothing else changes."""
+    import socket
+
+    from br_serve.serve.cli import on_free_port, port_given
+    from br_serve.serve.config import parse_graph_config
+
+    assert port_given({"serve.port": "9000"}) and port_given({"serve_port": "9000"})
+    assert not port_given({"replicas": "4", "serve.host": "127.0.0.1"})
+    base = parse_graph_config({"replicas": "3", "slots": "5"})
+    moved = on_free_port(base)
+    assert moved.model_dump(exclude={"serve"}) == base.model_dump(exclude={"serve"})
+    assert moved.serve.host == base.serve.host
+    with socket.socket() as s:  # free: it binds
+        s.bind(("127.0.0.1", moved.serve.port))
+
+
 def test_workload_clips_and_scales() -> None:
     tr = load_workload(None, 50, 0.5, max_output=7, max_prompt=100, seed=3)
     assert len(tr) == 50
