@@ -103,12 +103,19 @@ def capacity_per_window(plan: Any, slo: SLO, lo_scale: float, hi_scale: float,
                 st.evals[scale]["failed"] = m.get("failed") or (
                     f"{m.get('requests_lost')} request(s) lost")
             progress(f"capacity round {rnd} window {w.index} {p} {a.label} x{scale:.3g}: "
-                     f"meets={st.evals[scale]['meets']}")
+                     f"meets={st.evals[scale]['meets']} " + (
+                         f"(TPOT P95 {_num(row['tpot_p95_ms'])} ms, TTFT P95 "
+                         f"{_num(row['ttft_p95_ms'])} ms)" if ok else
+                         f"({st.evals[scale]['failed']})"))
     rows = [_arm_row(p, a.label, a.router, [(w, searches[(p, a.label, w.index)])
                                             for w in plan.windows])
             for p, a in plan.arms]
     _compare(rows)
     return rows
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def _arm_row(protocol: str, label: str, router: str,
