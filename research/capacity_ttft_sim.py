@@ -48,17 +48,32 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
     return label, policy, options
 
 
+def spread(arrival_s: list[float], spread_s: float) -> list[float]:
+    """Arrivals with each run of equal timestamps spread ``spread_s`` apart, in order:
+    a clump the client sends at once reaches the live pool one request at a time."""
+    out: list[float] = []
+    for i, a in enumerate(arrival_s):
+        out.append(out[-1] + spread_s if i and a == arrival_s[i - 1] else a)
+        if i and out[-1] < out[-2]:
+            out[-1] = out[-2]
+    return out
+
+
 def run_arm(base: Any, windows: list[Any], policy: str, options: dict[str, Any],
-            engine_queue: int, scales: list[float]) -> dict[float, list[dict[str, Any]]]:
-    """{scale: [per-window metrics]} for one arm."""
+            engine_queue: int, scales: list[float], spread_s: float = 0.0,
+            per_delivery: bool = False) -> dict[float, list[dict[str, Any]]]:
+    """{scale: [per-window metrics]} for one arm (``spread_s``: see :func:`spread`;
+    ``per_delivery``: ``sim.tick_per_delivery``)."""
     cfg = parse_graph_config(base, policy={"name": policy, "options": options})
     out: dict[float, list[dict[str, Any]]] = {}
     for s in scales:
         rows = []
         for w in windows:
-            trace = Trace.build([a / s for a in w.arrival_s], list(w.prompt_tokens),
+            trace = Trace.build(spread([a / s for a in w.arrival_s], spread_s),
+                                list(w.prompt_tokens),
                                 list(w.output_tokens))
-            r = simulate_one(trace, cfg, engine_queue=engine_queue)
+            r = simulate_one(trace, cfg, engine_queue=engine_queue,
+                             tick_per_delivery=per_delivery)
             rows.append({k: r.get(k) for k in METRICS})
         out[s] = rows
     return out
@@ -87,6 +102,10 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=["br0=br0"])
     ap.add_argument("--tpot-ms", type=float, default=115.6)
     ap.add_argument("--ttft-s", type=float, default=10.0)
+    ap.add_argument("--spread-ms", type=float, default=0.0,
+                    help="spread each clump of equal arrival times this far apart")
+    ap.add_argument("--tick-per-delivery", action="store_true",
+                    help="the policy ticks once per request landing in the pool, as live")
     ap.add_argument("--json")
     a = ap.parse_args()
     scales = [float(x) for x in a.scales.split(",")]
@@ -98,7 +117,8 @@ def main() -> None:
         arms[label] = (pol, opts, a.depth)
     res: dict[str, Any] = {}
     for label, (pol, opts, q) in arms.items():
-        per = run_arm(base, windows, pol, opts, q, scales)
+        per = run_arm(base, windows, pol, opts, q, scales, a.spread_ms / 1e3,
+                      a.tick_per_delivery)
         caps = [capacity(per, i, a.tpot_ms, a.ttft_s) for i in range(len(windows))]
         res[label] = {"policy": pol, "options": opts, "engine_queue": q,
                       "per_scale": {str(s): rows for s, rows in per.items()},

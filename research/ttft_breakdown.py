@@ -1,7 +1,9 @@
 """Research: where the graph's time to first token goes, hop by hop (issue 28).
 
-One live window (saturated: every request sent at t = 0), each arm on fresh SGLang
-emulators: the graph (``policy`` at ``pool.dispatch_ahead`` ``depth``) and smg's
+One live window per run (saturated: every request sent at t = 0; or, with ``--scale``,
+arrival-timed as ``bench-peers --timed-scales`` replays it), each arm on fresh SGLang
+emulators: the graph (``policy`` at ``pool.dispatch_ahead`` ``depth``; an arm
+``graph+policy.options.KEY=VALUE+...`` sets policy options, JSON values) and smg's
 ``round_robin``. The emulators mark each request's hops in wall-clock time
 (``/emulator/timeline``, keyed by the bootstrap room, joined to the client's request by
 its seed); the client records its send and first-token times. Per request, seconds:
@@ -209,10 +211,12 @@ def run(arm: str, base: Any, reqs: list[Any], policy: str, depth: int,
     with engine_processes(base, "sglang") as (purl, durl):
         if arm.startswith("graph"):  # "graph" or "graph+key=value+...": config overrides
             over = dict(kv.split("=", 1) for kv in arm.split("+")[1:])
+            popts = {k.removeprefix("policy.options."): json.loads(over.pop(k))
+                     for k in list(over) if k.startswith("policy.options.")}
             cfg = parse_graph_config(base, engine="sglang", remote_prefill_urls=purl,
                                      remote_decode_urls=durl, remote_dp_size=base.replicas,
                                      remote_model=REMOTE_MODEL, serve_app_name="ttft",
-                                     policy={"name": policy},
+                                     policy={"name": policy, "options": popts},
                                      pool_dispatch_ahead=str(depth),
                                      **{k.replace(".", "_"): v for k, v in over.items()})
             deploy(cfg)
@@ -331,6 +335,9 @@ def main() -> int:
     ap.add_argument("--windows", default="0", help="window indices, comma-separated")
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--max-prompt", type=int, default=16384)
+    ap.add_argument("--scale", type=float, default=0.0,
+                    help="0: saturated (every request at t = 0); else arrival-timed, the "
+                    "window's arrivals divided by this (as bench-peers --timed-scales)")
     ap.add_argument("--policy", default="br0")
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--arms", default="graph,smg:round_robin")
@@ -354,7 +361,7 @@ def main() -> int:
                          args.max_output, base.seed)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     _minimal_agent()
-    start_ray(2)
+    start_ray(2, base.serve.front)
     runs: list[dict[str, Any]] = []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -363,8 +370,8 @@ def main() -> int:
             for arm in arms:
                 load = os.getloadavg()
                 up = subprocess.run(["uptime"], capture_output=True, text=True).stdout
-                res = run(arm, base, wins[i].requests(True, 1.0), args.policy, args.depth,
-                          args.timeout)
+                reqs = wins[i].requests(args.scale <= 0, max(args.scale, 1e-9))
+                res = run(arm, base, reqs, args.policy, args.depth, args.timeout)
                 res.update(arm=arm, window=i, host_load_1m=load[0], uptime=up.strip())
                 runs.append(res)
                 h = res["hops"]

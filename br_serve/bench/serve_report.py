@@ -55,7 +55,8 @@ def jittered(trace: Any, jitter_s: float, seed: int) -> Any:
 
 
 def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
-                 admit_delay_steps: int = 0, engine_queue: int = 0) -> dict[str, Any]:
+                 admit_delay_steps: int = 0, engine_queue: int = 0,
+                 tick_per_delivery: bool = False) -> dict[str, Any]:
     """Simulate ``cfg`` (step and prefill models scaled by ``engine.slowdown``) on
     ``trace``, with ``extra_step_s`` of host overhead per step; ``model_throughput_tok_s``
     prices the same steps without it. The engines' ``engine.step_factor`` is a drift from
@@ -63,7 +64,9 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
     ones do), with the overhead in ``b`` divided by it, so that it stays unslowed.
     ``engine_queue`` > 0 gives every rank a FIFO queue of that many bound requests
     beyond its slots and offers places as the graph's scheduler does (its
-    ``pool.dispatch_ahead`` in front of remote engines: ``sim.dispatch_ahead``)."""
+    ``pool.dispatch_ahead`` in front of remote engines: ``sim.dispatch_ahead``).
+    ``tick_per_delivery``: the policy sees each request land alone, as the live
+    scheduler does (``sim.tick_per_delivery``)."""
     from br_serve.config import ClusterConfig
     from br_serve.core.step import StepModel, per_replica
     from br_serve.sim import parse_sim_config, simulate
@@ -81,6 +84,7 @@ def simulate_one(trace: Any, cfg: GraphConfig, extra_step_s: float = 0.0,
                  "p1_s_per_token": cfg.prefill.p1_s_per_token * ts},
         pool={"capacity": cfg.pool.capacity},
         sim={"admit_delay_steps": admit_delay_steps, "dispatch_ahead": engine_queue,
+             "tick_per_delivery": tick_per_delivery,
              "step_drift": tuple((g, 0, f) for g, f in enumerate(factor) if f != 1.0)})
     s = simulate(trace, scfg).summary()
     out = {k: s.get(k) for k in _SIM_KEYS}

@@ -31,6 +31,12 @@ class SimulatorConfig(Section):
     places as the graph's scheduler does (br_serve/core/ahead.py: free engine
     slots first, queue places only for the pool's backlog beyond this many per rank).
     The policy's snapshot tells queued requests apart. 0: no engine queue."""
+    tick_per_delivery: bool = False
+    """Trace-timed mode: the policy ticks once per request that lands in the pool, in
+    finishing order, as the Ray scheduler does (each submit wakes its tick), instead of
+    once per step boundary over every prefill finished since the last one. Requests
+    that arrive together (a trace's clump) then reach the policy one at a time, as
+    they do live (docs/simulator.md, "Ticks per step or per delivery")."""
     step_drift: tuple[tuple[int, int, float], ...] = ()
     """``(replica, from_step, factor)`` entries: from that decode step on, the replica's
     steps take ``factor`` times as long (a slower chip, throttling, a noisy neighbour);
@@ -38,6 +44,14 @@ class SimulatorConfig(Section):
     step_noise_cv: float = Field(default=0.0, ge=0)
     """Coefficient of variation of an independent lognormal factor (mean 1) on each
     replica's step time, per step; the same for every policy of a seed."""
+
+    @model_validator(mode="after")
+    def _per_delivery_timed(self) -> SimulatorConfig:
+        if self.tick_per_delivery and self.saturated:
+            raise ValueError("sim.tick_per_delivery: only in trace-timed mode (a saturated "
+                             "run tops the pool up from its backlog; set sim.saturated=false "
+                             "or leave tick_per_delivery off)")
+        return self
 
     @field_validator("step_drift", mode="before")
     @classmethod

@@ -229,8 +229,10 @@ def simulate(trace: Trace, config: SimConfig, *,
             replica[i] = a.replica
             enqueue_s[i] = req.enqueued_s
 
+    # one request per tick as the live scheduler sees them, or all due at once
+    per_delivery = 1 if config.sim.tick_per_delivery else None
     while True:
-        if feeder.deliver(t, k, pool):
+        if feeder.deliver(t, k, pool, per_delivery):
             changed = True
         if retick is not None and t >= retick:
             changed, retick = True, None
@@ -273,8 +275,11 @@ def simulate(trace: Trace, config: SimConfig, *,
             if not chosen:
                 break
             cnt = st.running_requests()
-            if feeder.on_room(t, k, pool):
+            if feeder.on_room(t, k, pool, per_delivery):
                 changed = True
+        if per_delivery and (feeder.due(t) or feeder.blocked_room(pool)):
+            changed = True  # the next delivery of this boundary gets its own tick
+            continue
         changed = False
         if steady_steps is None and config.sim.saturated and not len(pool) and feeder.exhausted:
             steady_steps = k

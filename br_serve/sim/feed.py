@@ -47,10 +47,13 @@ class PrefillFeeder:
         done = max(free_s, self.arrival[i]) + self.cost[i]
         heapq.heappush(self.inflight, (done, i, inst))
 
-    def deliver(self, now_s: float, step: int, pool: PromptPool) -> int:
-        """Move every prefill finished by ``now_s`` into the pool (room permitting)."""
+    def deliver(self, now_s: float, step: int, pool: PromptPool,
+                limit: int | None = None) -> int:
+        """Move every prefill finished by ``now_s`` into the pool (room permitting), or
+        only the first ``limit`` of them, in finishing order."""
         added = 0
-        while self.inflight and self.inflight[0][0] <= now_s:
+        while self.inflight and self.inflight[0][0] <= now_s and (limit is None
+                                                                  or added < limit):
             done, i, inst = heapq.heappop(self.inflight)
             if self.blocked or pool.is_full():
                 self.blocked.append((inst, i))
@@ -60,15 +63,28 @@ class PrefillFeeder:
             self._start(inst, done)
         return added
 
-    def on_room(self, now_s: float, step: int, pool: PromptPool) -> int:
-        """The pool lost requests at ``now_s``: unblock stalled instances, then deliver."""
+    def on_room(self, now_s: float, step: int, pool: PromptPool,
+                limit: int | None = None) -> int:
+        """The pool lost requests at ``now_s``: unblock stalled instances, then deliver
+        (at most ``limit`` requests in all)."""
         added = 0
-        while self.blocked and not pool.is_full():
+        while self.blocked and not pool.is_full() and (limit is None or added < limit):
             inst, i = self.blocked.popleft()
             pool.add(self.make(i, now_s, step))
             added += 1
             self._start(inst, now_s)
-        return added + self.deliver(now_s, step, pool)
+        if limit is not None and added >= limit:
+            return added
+        return added + self.deliver(now_s, step, pool,
+                                    None if limit is None else limit - added)
+
+    def due(self, now_s: float) -> bool:
+        """A finished prefill waits to be delivered at ``now_s``."""
+        return bool(self.inflight) and self.inflight[0][0] <= now_s
+
+    def blocked_room(self, pool: PromptPool) -> bool:
+        """A stalled instance's prefill could enter the pool now."""
+        return bool(self.blocked) and not pool.is_full()
 
     def next_event_s(self) -> float | None:
         """When the next prefill finishes, or None when nothing is in flight."""
@@ -88,16 +104,25 @@ class BacklogFeeder:
         self.next = 0
         self.make = make
 
-    def deliver(self, now_s: float, step: int, pool: PromptPool) -> int:
+    def deliver(self, now_s: float, step: int, pool: PromptPool,
+                limit: int | None = None) -> int:
         added = 0
-        while self.next < self.n and not pool.is_full():
+        while self.next < self.n and not pool.is_full() and (limit is None
+                                                             or added < limit):
             pool.add(self.make(self.next, now_s, step))
             self.next += 1
             added += 1
         return added
 
-    def on_room(self, now_s: float, step: int, pool: PromptPool) -> int:
-        return self.deliver(now_s, step, pool)
+    def on_room(self, now_s: float, step: int, pool: PromptPool,
+                limit: int | None = None) -> int:
+        return self.deliver(now_s, step, pool, limit)
+
+    def due(self, now_s: float) -> bool:
+        return False  # the backlog tops the pool up on room, never on time
+
+    def blocked_room(self, pool: PromptPool) -> bool:
+        return False
 
     def next_event_s(self) -> float | None:
         return None

@@ -106,3 +106,59 @@ def test_dispatch_ahead_is_refused_beside_dyntralb_and_an_admit_delay() -> None:
         over.update(extra)
         with pytest.raises(ValueError, match=r"sim\.dispatch_ahead"):
             parse_sim_config(over)
+
+
+
+def _pools_seen(monkeypatch: Any, per_delivery: bool, **options: Any
+                ) -> tuple[list[tuple[float, list[str], list[str]]], Any]:
+    """Five requests stamped t = 0, prefilled alike, then one at 3 s, on 4 x 2 slots:
+    each br0 call's (now, pool, placed ids), and the result."""
+    seen: list[tuple[float, list[str], list[str]]] = []
+    orig = BR0.schedule
+
+    def spy(self: BR0, cluster: Any, pool: Any, now_s: float, tick: int) -> Any:
+        ids = [r.request_id for r in pool.fcfs()]
+        res = orig(self, cluster, pool, now_s, tick)
+        seen.append((now_s, ids, [a.request_id for a in res.assignments]))
+        return res
+
+    monkeypatch.setattr(BR0, "schedule", spy)
+    tr = Trace.build([0.0] * 5 + [3.0], [100, 200, 300, 400, 500, 600], [4] * 6)
+    cfg = parse_sim_config({"replicas": 4, "slots": 2,
+                            "policy": {"name": "br0", "options": options},
+                            "prefill": {"replicas": 8, "p0_s": 0.01, "p1_s_per_token": 0},
+                            "sim": {"tick_per_delivery": per_delivery}})
+    res = simulate(tr, cfg)
+    first = list(seen)
+    assert (res.admit_step >= 0).all()
+    again = simulate(tr, cfg)  # same input, same result
+    assert again.admit_step.tolist() == res.admit_step.tolist()
+    assert again.replica.tolist() == res.replica.tolist()
+    monkeypatch.setattr(BR0, "schedule", orig)
+    return first, res
+
+
+def test_a_clump_reaches_the_policy_at_once_or_one_request_per_tick(
+        monkeypatch: Any) -> None:
+    """By default one tick sees a clump together; with ``sim.tick_per_delivery`` each
+    tick sees one more request, in finishing order, as the live scheduler does (each
+    submit wakes its tick)."""
+    batched, _ = _pools_seen(monkeypatch, False, hold_budget_ms=0)
+    assert [p for _, p, _ in batched] == [["r0", "r1", "r2", "r3", "r4"], ["r5"]]
+    single, _ = _pools_seen(monkeypatch, True, hold_budget_ms=0)
+    assert [p for _, p, _ in single] == [["r0"], ["r1"], ["r2"], ["r3"], ["r4"], ["r5"]]
+
+
+def test_one_at_a_time_the_clumps_last_and_largest_request_is_held(
+        monkeypatch: Any) -> None:
+    """Why it matters (docs/simulator.md): placed together, the clump's largest request
+    goes first and nothing is held; arriving last and alone, it finds the ranks half
+    busy and balanced, is above every peak, and the bounded hold keeps it until a
+    finish opens a margin."""
+    batched, _ = _pools_seen(monkeypatch, False)
+    assert batched[0][2] == ["r4", "r3", "r2", "r1", "r0"]
+    single, res = _pools_seen(monkeypatch, True)
+    held = [(t, placed) for t, p, placed in single if p == ["r4"]]
+    assert held[0][0] == pytest.approx(0.01) and held[0][1] == []  # alone and held
+    assert held[-1][1] == ["r4"] and held[-1][0] > 0.01  # placed once a finish came
+    assert res.admit_step[4] > res.admit_step[:4].max()
