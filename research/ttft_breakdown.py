@@ -191,6 +191,21 @@ def refill(rows: list[dict[str, Any]], steps: list[tuple[float, float, list[int]
                 "mean_s": float(np.mean(v))} for k, v in out.items() if v} or None
 
 
+def idle_while_pooled(run: dict[str, Any], slots: int) -> float:
+    """Slot-seconds the decode engines left free while the graph's pool held requests
+    (the last ``/v1/br/state`` poll before each step's end; 0 for a router arm)."""
+    polls = run.get("pool_polls") or []
+    if not polls:
+        return 0.0
+    at = np.asarray([p[0] for p in polls])
+    out = 0.0
+    for end, dur, running in run["steps"]:
+        i = int(np.searchsorted(at, end)) - 1
+        if i >= 0 and polls[i][1] > 0:
+            out += dur * sum(max(0, slots - x) for x in running)
+    return out
+
+
 def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     out: dict[str, Any] = {"n": len(rows)}
     for h in (*HOPS, "decode_after_prefill_done", *GRAPH_HOPS):
@@ -305,6 +320,10 @@ def table(res: dict[str, Any]) -> str:
     for a in arms[:-1]:
         getters: tuple[tuple[str, Callable[[dict[str, Any]], float]], ...] = (
                           ("TTFT P50 s", lambda r: r["hops"]["ttft"]["p50_s"]),
+                          ("TTFT P95 s", lambda r: r["hops"]["ttft"]["p95_s"]),
+                          ("engine steps", lambda r: float(r["engine_steps"])),
+                          ("idle slot-s while pooled", lambda r: idle_while_pooled(
+                              r, int(res["config"]["graph"]["slots"]))),
                           ("TTFT mean s", lambda r: r["hops"]["ttft"]["mean_s"]),
                           ("engine first step s", lambda r: r["engine_first_step_s"]),
                           ("send->pool/decode P50 s", lambda r: (
@@ -319,7 +338,8 @@ def table(res: dict[str, Any]) -> str:
                     d.append(get(x[0]) / get(y[0]) * 100 - 100 if name.endswith("%")
                              else get(x[0]) - get(y[0]))
             if d:
-                t95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}.get(len(d), 2.0)
+                t95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447,
+                       8: 2.365, 9: 2.306, 10: 2.262}.get(len(d), 2.0)
                 half = (float(np.std(d, ddof=1) / np.sqrt(len(d)) * t95) if len(d) > 1
                         else float("nan"))
                 out.append(f"- {a} - {ref}, {name}: {np.mean(d):+.2f} "
