@@ -150,9 +150,11 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                         a.sim_policy, dict(a.sim_options),
                         engine_queue=ahead if a.router == "graph" else 0)
                     for _, a in arms if a.sim_policy}
-            sims[mode] = peers_report.simulate_windows(base, wins, pols, saturated,
-                                                       seeds=args.sim_seeds)
+            sims[mode] = peers_report.simulate_windows(
+                base, wins, pols, saturated, seeds=args.sim_seeds,
+                tick_per_delivery=args.sim_ticks == "delivery")
         result["sim"] = sims
+        result["sim_ticks"] = args.sim_ticks
         rr = {p: a.label for p, a in arms if a.rule == "round_robin" and a.router != "graph"}
         result["agreement"] = peers_report.agreement(result["summary"], sims["saturated"],
                                                      rr)
@@ -203,6 +205,11 @@ def register(sub: Any) -> None:
     p.add_argument("--sim-seeds", type=int, default=8,
                    help="with --sim: seeds per window; each simulated metric is the mean "
                         "over them (a random rule's prediction is its mean over draws)")
+    p.add_argument("--sim-ticks", choices=("delivery", "step"), default="delivery",
+                   help="with --sim: the model's policy ticks once per request landing in "
+                        "the pool, as the live scheduler and routers do (delivery), or once "
+                        "per decode step over all that landed (step: the model of every "
+                        "result made before this option; docs/simulator.md)")
     p.add_argument("--resim", default=None, metavar="RESULT_JSON",
                    help="no live runs: take RESULT_JSON's runs (made with the same "
                         "--trace/--windows/--window/--max-*) and redo the summary, the "

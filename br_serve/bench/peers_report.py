@@ -133,7 +133,8 @@ SIM_METRICS = ("throughput_tok_s", "balanced_bound_tok_s", "mean_imbalance_token
 
 def simulate_windows(base: Any, windows: list[Any], arms: Mapping[str, SimArm],
                      saturated: bool, say: Callable[[str], None] = print, seeds: int = 1,
-                     spread_s: float = 0.0) -> dict[str, Any]:
+                     spread_s: float = 0.0, tick_per_delivery: bool = False
+                     ) -> dict[str, Any]:
     """``{arm: {"policy", "options", "seeds", <SIM_METRICS>: [per window], ...} |
     {"skipped": why}}``: each arm's simulator policy on the same windows and step model.
 
@@ -145,7 +146,9 @@ def simulate_windows(base: Any, windows: list[Any], arms: Mapping[str, SimArm],
     two, a hash ring) is predicted by its mean over draws, not by one draw, which at 64
     requests per window swings by whole waves; a deterministic rule gives the same
     value for every seed. ``balanced_bound_tok_s`` is the arm's own run with every step
-    priced at the mean rank load: the ceiling of balancing alone on that run."""
+    priced at the mean rank load: the ceiling of balancing alone on that run.
+    ``tick_per_delivery``: each request reaches the policy alone, as it does live
+    (``sim.tick_per_delivery``)."""
     if seeds < 1:
         raise ValueError(f"--sim-seeds: must be >= 1 (got {seeds})")
     if spread_s < 0 or (spread_s and not saturated):
@@ -173,7 +176,8 @@ def simulate_windows(base: Any, windows: list[Any], arms: Mapping[str, SimArm],
                    else list(w.arrival_s))
             trace = Trace.build(arr, list(w.prompt_tokens), list(w.output_tokens))
             draws = [simulate_one(trace, cfg, engine_queue=arm.engine_queue,
-                                  admit_delay_steps=arm.turnover_steps) for cfg in cfgs]
+                                  admit_delay_steps=arm.turnover_steps,
+                                  tick_per_delivery=tick_per_delivery) for cfg in cfgs]
             for k in res:
                 vals = [d[k] for d in draws if d.get(k) is not None]
                 res[k].append(sum(vals) / len(vals) if vals else None)
