@@ -87,7 +87,9 @@ def main() -> None:
                 row_g = per[a.sim_arm]["per_scale"][str(scale)][r["window"]]
                 row_b = per["round_robin"]["per_scale"][str(scale)][r["window"]]
                 r["model"] = {"arm_ttft_p95_ms": row_g["ttft_p95_ms"],
-                              "base_ttft_p95_ms": row_b["ttft_p95_ms"]}
+                              "base_ttft_p95_ms": row_b["ttft_p95_ms"],
+                              "arm_ttft_p50_ms": row_g["ttft_p50_ms"],
+                              "base_ttft_p50_ms": row_b["ttft_p50_ms"]}
                 line += (f" | {row_g['ttft_p95_ms'] / 1e3:5.2f} / "
                          f"{row_b['ttft_p95_ms'] / 1e3:5.2f}")
             line += (f"  {g['ttft_p50_ms'] / 1e3:4.2f} / {b['ttft_p50_ms'] / 1e3:4.2f}"
@@ -95,14 +97,15 @@ def main() -> None:
             print(line)
         summary = {k: _pct([r["arm"][k] / r["base"][k] - 1 for r in rows]) for k in METRICS}
         if sim is not None:
-            summary["live_minus_model_ttft_p95_s"] = {
-                side: _sec([(r[side]["ttft_p95_ms"] - r["model"][f"{side}_ttft_p95_ms"])
-                            / 1e3 for r in rows]) for side in ("arm", "base")}
+            for q in ("p95", "p50"):
+                summary[f"live_minus_model_ttft_{q}_s"] = {
+                    side: _sec([(r[side][f"ttft_{q}_ms"] - r["model"][f"{side}_ttft_{q}_ms"])
+                                / 1e3 for r in rows]) for side in ("arm", "base")}
         for k, v in summary.items():
-            if k == "live_minus_model_ttft_p95_s":
+            if k.startswith("live_minus_model_"):
                 for side, d in v.items():
-                    print(f"  live - model TTFT P95, {side}: {d['mean_s']:+.2f} s "
-                          f"[{d['ci95_s'][0]:+.2f}, {d['ci95_s'][1]:+.2f}]")
+                    print(f"  live - model TTFT {k.split('_')[-2].upper()}, {side}: "
+                          f"{d['mean_s']:+.2f} s [{d['ci95_s'][0]:+.2f}, {d['ci95_s'][1]:+.2f}]")
             else:
                 print(f"  {k}: graph vs router {v['mean_pct']:+.1f}% "
                       f"[{v['ci95_pct'][0]:+.1f}, {v['ci95_pct'][1]:+.1f}] (n = {v['n']})")
