@@ -306,7 +306,6 @@ def table(res: dict[str, Any]) -> str:
                    f"{m(lambda r: r['engine_first_step_s']):.2f} | " + " | ".join(cells)
                    + f" | {m(lambda r: r['health_burst']['p50_s']):.2f} | "
                    f"{min(loads):.1f}-{max(loads):.1f} |")
-    ref = arms[-1]
     out.append("")
     for a in arms:
         for k in ("freed_to_first_token", "freed_to_bound", "bound_to_decode"):
@@ -317,7 +316,9 @@ def table(res: dict[str, Any]) -> str:
                            f"{np.mean([x['p50_s'] for x in xs]):.2f} s, mean "
                            f"{np.mean([x['mean_s'] for x in xs]):.2f} s (n = "
                            f"{sum(x['n'] for x in xs)} requests, {len(xs)} windows)")
-    for a in arms[:-1]:
+    # every arm against the last (the router), then each graph arm against the first
+    pairs = [(a, arms[-1]) for a in arms[:-1]] + [(a, arms[0]) for a in arms[1:-1]]
+    for a, ref in pairs:
         getters: tuple[tuple[str, Callable[[dict[str, Any]], float]], ...] = (
                           ("TTFT P50 s", lambda r: r["hops"]["ttft"]["p50_s"]),
                           ("TTFT P95 s", lambda r: r["hops"]["ttft"]["p95_s"]),
@@ -328,7 +329,8 @@ def table(res: dict[str, Any]) -> str:
                           ("engine first step s", lambda r: r["engine_first_step_s"]),
                           ("send->pool/decode P50 s", lambda r: (
                               r["hops"].get("to_pool") or r["hops"]["to_decode"])["p50_s"]),
-                          ("output tok/s %", lambda r: r["client"]["output_tok_s"]))
+                          ("output tok/s %", lambda r: r["client"]["output_tok_s"]),
+                          ("TPOT P95 %", lambda r: r["client"]["tpot_p95_ms"]))
         for name, get in getters:
             d: list[float] = []
             for w in sorted({r["window"] for r in runs}):
@@ -339,7 +341,8 @@ def table(res: dict[str, Any]) -> str:
                              else get(x[0]) - get(y[0]))
             if d:
                 t95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447,
-                       8: 2.365, 9: 2.306, 10: 2.262}.get(len(d), 2.0)
+                       8: 2.365, 9: 2.306, 10: 2.262, 11: 2.228, 12: 2.201, 13: 2.179,
+                       14: 2.160, 15: 2.145, 16: 2.131}.get(len(d), 2.0)
                 half = (float(np.std(d, ddof=1) / np.sqrt(len(d)) * t95) if len(d) > 1
                         else float("nan"))
                 out.append(f"- {a} - {ref}, {name}: {np.mean(d):+.2f} "
@@ -350,7 +353,9 @@ def table(res: dict[str, Any]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trace")
-    ap.add_argument("--table", help="print the markdown table of a written JSON and exit")
+    ap.add_argument("--table", nargs="+", metavar="JSON",
+                    help="print the markdown table of written JSONs (their runs pooled: "
+                    "the same arms and slots, different windows) and exit")
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--windows", default="0", help="window indices, comma-separated")
     ap.add_argument("--max-output", type=int, default=128)
@@ -366,7 +371,9 @@ def main() -> int:
     ap.add_argument("--out", default="results/peers/ttft_g8.json")
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+        parts = [json.loads(Path(f).read_text()) for f in args.table]
+        print(table({"config": parts[0]["config"],
+                     "runs": [r for p in parts for r in p["runs"]]}))
         return 0
     if not args.trace:
         ap.error("--trace is required (unless --table)")
