@@ -53,6 +53,7 @@ from br_serve.bench.peers_routers import ARMS, running_router
 from br_serve.bench.remote_engines import REMOTE_MODEL, engine_processes, engine_steps
 from br_serve.serve.cli import free_port, start_ray, stop_ray
 from br_serve.serve.config import parse_graph_config
+from br_serve.sim.stats import paired
 
 HOPS = ("to_prefill", "prefill", "to_decode", "kv_wait", "engine", "back", "ttft")
 GRAPH_HOPS = ("to_pool", "pool", "to_replica", "kv_pull", "to_install", "to_engine")
@@ -340,13 +341,10 @@ def table(res: dict[str, Any]) -> str:
                     d.append(get(x[0]) / get(y[0]) * 100 - 100 if name.endswith("%")
                              else get(x[0]) - get(y[0]))
             if d:
-                t95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447,
-                       8: 2.365, 9: 2.306, 10: 2.262, 11: 2.228, 12: 2.201, 13: 2.179,
-                       14: 2.160, 15: 2.145, 16: 2.131}.get(len(d), 2.0)
-                half = (float(np.std(d, ddof=1) / np.sqrt(len(d)) * t95) if len(d) > 1
-                        else float("nan"))
-                out.append(f"- {a} - {ref}, {name}: {np.mean(d):+.2f} "
-                           f"[{np.mean(d) - half:+.2f}, {np.mean(d) + half:+.2f}] (n = {len(d)})")
+                st = paired(d)
+                lo, hi = st.ci95 or (float("nan"), float("nan"))
+                out.append(f"- {a} - {ref}, {name}: {st.mean:+.2f} "
+                           f"[{lo:+.2f}, {hi:+.2f}] (n = {st.n})")
     return "\n".join(out)
 
 
@@ -377,6 +375,8 @@ def main() -> int:
         return 0
     if not args.trace:
         ap.error("--trace is required (unless --table)")
+    if args.scale < 0:
+        ap.error(f"--scale: must be >= 0 (got {args.scale})")
     opts = {"replicas": "8", "slots": "4", "engine_slowdown": "2",
             "serve_port": str(free_port()), "pool_capacity": "4096"}
     for kv in args.set:
@@ -397,7 +397,8 @@ def main() -> int:
             for arm in arms:
                 load = os.getloadavg()
                 up = subprocess.run(["uptime"], capture_output=True, text=True).stdout
-                reqs = wins[i].requests(args.scale <= 0, max(args.scale, 1e-9))
+                reqs = (wins[i].requests(True) if args.scale == 0
+                        else wins[i].requests(False, args.scale))
                 res = run(arm, base, reqs, args.policy, args.depth, args.timeout)
                 res.update(arm=arm, window=i, host_load_1m=load[0], uptime=up.strip())
                 runs.append(res)

@@ -277,7 +277,7 @@ def simulate(trace: Trace, config: SimConfig, *,
             cnt = st.running_requests()
             if feeder.on_room(t, k, pool, per_delivery):
                 changed = True
-        if per_delivery and (feeder.due(t) or feeder.blocked_room(pool)):
+        if per_delivery and feeder.waiting(t, pool):
             changed = True  # the next delivery of this boundary gets its own tick
             continue
         changed = False

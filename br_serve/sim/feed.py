@@ -73,18 +73,14 @@ class PrefillFeeder:
             pool.add(self.make(i, now_s, step))
             added += 1
             self._start(inst, now_s)
-        if limit is not None and added >= limit:
-            return added
         return added + self.deliver(now_s, step, pool,
                                     None if limit is None else limit - added)
 
-    def due(self, now_s: float) -> bool:
-        """A finished prefill waits to be delivered at ``now_s``."""
-        return bool(self.inflight) and self.inflight[0][0] <= now_s
-
-    def blocked_room(self, pool: PromptPool) -> bool:
-        """A stalled instance's prefill could enter the pool now."""
-        return bool(self.blocked) and not pool.is_full()
+    def waiting(self, now_s: float, pool: PromptPool) -> bool:
+        """A prefill could still enter the pool at ``now_s``: one finished and not yet
+        delivered, or a stalled instance's with room for it."""
+        return ((bool(self.inflight) and self.inflight[0][0] <= now_s)
+                or (bool(self.blocked) and not pool.is_full()))
 
     def next_event_s(self) -> float | None:
         """When the next prefill finishes, or None when nothing is in flight."""
@@ -118,11 +114,8 @@ class BacklogFeeder:
                 limit: int | None = None) -> int:
         return self.deliver(now_s, step, pool, limit)
 
-    def due(self, now_s: float) -> bool:
+    def waiting(self, now_s: float, pool: PromptPool) -> bool:
         return False  # the backlog tops the pool up on room, never on time
-
-    def blocked_room(self, pool: PromptPool) -> bool:
-        return False
 
     def next_event_s(self) -> float | None:
         return None

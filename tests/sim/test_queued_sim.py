@@ -108,7 +108,6 @@ def test_dispatch_ahead_is_refused_beside_dyntralb_and_an_admit_delay() -> None:
             parse_sim_config(over)
 
 
-
 def _pools_seen(monkeypatch: Any, per_delivery: bool, **options: Any
                 ) -> tuple[list[tuple[float, list[str], list[str]]], Any]:
     """Five requests stamped t = 0, prefilled alike, then one at 3 s, on 4 x 2 slots:
