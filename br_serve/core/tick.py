@@ -158,6 +158,7 @@ def run_two_stage(
     shallow: bool = False,
     hold_budget_s: float = 0.0,
     hold_min_busy_share: float = 0.0,
+    hold_min_load_share: float = 0.0,
     now_s: float = 0.0,
     idle: Iterable[int] = (),
     size_caps: Mapping[int, float] | None = None,
@@ -208,7 +209,8 @@ def run_two_stage(
     # 2. a shallow pool (every request left fits the free slots): the question is only
     # where each goes, so place each (largest first) on its best replica.
     if shallow and 0 < cur.remaining <= work.s_tot:
-        if hold_budget_s > 0 and busy_share(cluster) < hold_min_busy_share:
+        if hold_budget_s > 0 and (busy_share(cluster) < hold_min_busy_share
+                                  or load_share(cluster) < hold_min_load_share):
             hold_budget_s = 0.0
         held, retick = _place_each(pool, cur, work, model, assign, now_s, hold_budget_s)
         return TickResult(tuple(out), counts["stage1"], counts["stage2"], counts["guard"],
@@ -272,6 +274,22 @@ def busy_share(cluster: ClusterSnapshot) -> float:
     if kv.size and bool((kv < UNLIMITED_TOKENS).all()):
         share = max(share, float(cluster.load_tokens[alive].sum()) / float(kv.sum()))
     return share
+
+
+def load_share(cluster: ClusterSnapshot) -> float:
+    """The share of the cluster's step that balance can move: on the alive replica
+    with the longest modelled step ``a_g L_g + c_g N_g + b_g`` (the barrier), the
+    load terms ``a_g L_g + c_g N_g`` over the whole step, with the running load.
+    Where the fixed cost ``b_g`` dominates (few requests per replica, short contexts)
+    a better placement barely shortens the step. 0 with no alive replica."""
+    alive = cluster.alive
+    if not bool(alive.any()):
+        return 0.0
+    var = (cluster.step_a_s_per_token * cluster.running_load_tokens()
+           + cluster.step_c_s_per_request * cluster.running_requests)[alive]
+    step = var + cluster.step_b_s[alive]
+    g = int(step.argmax())
+    return float(var[g] / step[g]) if step[g] > 0 else 0.0
 
 
 def _place_each(pool: PromptPool, cur: PoolCursor, work: _Work, model: MarginModel,

@@ -16,6 +16,7 @@ from br_serve.core import (
     RunningRequests,
     build_policy,
 )
+from br_serve.core.tick import load_share
 from tests.core.strategies import states
 
 
@@ -50,7 +51,9 @@ def test_shallow_pool_places_largest_first() -> None:
 def test_hold_waits_for_a_better_placement_within_its_budget() -> None:
     # Loads equal: a 3,000-token prompt overflows both replicas. With a 200 ms budget it
     # is held (retick when its budget ends); once the budget is spent it is placed.
-    cluster = ClusterSnapshot.build([1000, 1000], [1, 1], 2)
+    # (Clusters here have no fixed step cost, b = 0: the load is the whole step, so
+    # the load-share gate, tested on its own below, lets the hold act.)
+    cluster = ClusterSnapshot.build([1000, 1000], [1, 1], 2, step_b_s=0.0)
     pol = build_policy("br0", {"hold_budget_ms": 200.0})
     pool = _pool([3000], enqueued_s=10.0)
     held = pol.schedule(cluster, pool, 10.05, 0)
@@ -59,7 +62,8 @@ def test_hold_waits_for_a_better_placement_within_its_budget() -> None:
     late = pol.schedule(cluster, pool, 10.2, 1)
     assert len(late.assignments) == 1 and late.held == 0 and late.retick_s is None
     # A prompt that fits some margin is never held.
-    fits = pol.schedule(ClusterSnapshot.build([4000, 1000], [1, 1], 2), pool, 10.05, 0)
+    fits = pol.schedule(ClusterSnapshot.build([4000, 1000], [1, 1], 2, step_b_s=0.0),
+                        pool, 10.05, 0)
     assert len(fits.assignments) == 1 and fits.held == 0
 
 
@@ -72,9 +76,9 @@ def test_the_default_hold_waits_only_while_half_the_slots_run(name: str) -> None
     pool = _pool([3000], enqueued_s=10.0)
     base: dict[str, object] = {"horizon": 6} if name == "brh" else {}
     pol = build_policy(name, base)
-    half = ClusterSnapshot.build([1000, 1000], [2, 2], 4)  # 4 of 8 slots run
-    light = ClusterSnapshot.build([1000, 1000], [1, 1], 4)  # 2 of 8
-    dead = ClusterSnapshot.build([1000, 1000, 0, 0], [2, 2, 0, 0], 4,
+    half = ClusterSnapshot.build([1000, 1000], [2, 2], 4, step_b_s=0.0)  # 4 of 8 slots run
+    light = ClusterSnapshot.build([1000, 1000], [1, 1], 4, step_b_s=0.0)  # 2 of 8
+    dead = ClusterSnapshot.build([1000, 1000, 0, 0], [2, 2, 0, 0], 4, step_b_s=0.0,
                                  alive=np.array([True, True, False, False]))
     for busy in (half, dead):
         res = pol.schedule(busy, pool, 10.05, 0)
@@ -95,15 +99,43 @@ def test_a_kv_bound_cluster_counts_as_busy_for_the_hold(name: str) -> None:
     # light and the prompt is placed at once.
     pool = _pool([500], enqueued_s=10.0)
     pol = build_policy(name, {"horizon": 6} if name == "brh" else {})
-    kv_bound = ClusterSnapshot.build([5000, 5000], [1, 1], 4, kv_limit_tokens=6000)
+    kv_bound = ClusterSnapshot.build([5000, 5000], [1, 1], 4, kv_limit_tokens=6000,
+                                     step_b_s=0.0)
     res = pol.schedule(kv_bound, pool, 10.05, 0)
     assert res.held == 1 and res.assignments == ()
-    unlimited = ClusterSnapshot.build([5000, 5000], [1, 1], 4)
+    unlimited = ClusterSnapshot.build([5000, 5000], [1, 1], 4, step_b_s=0.0)
     res = pol.schedule(unlimited, pool, 10.05, 0)
     assert res.held == 0 and len(res.assignments) == 1
     # under half full (2,000 of 6,000 each, 33%) the KV does not make it busy either
-    roomy = ClusterSnapshot.build([2000, 2000], [1, 1], 4, kv_limit_tokens=6000)
+    roomy = ClusterSnapshot.build([2000, 2000], [1, 1], 4, kv_limit_tokens=6000,
+                                  step_b_s=0.0)
     assert pol.schedule(roomy, pool, 10.05, 0).held == 0
+
+
+@pytest.mark.parametrize("name", ["br0", "brh"])
+def test_the_default_hold_waits_only_where_the_load_is_most_of_the_step(name: str) -> None:
+    # Half the slots run and the loads are equal, so the prompt overflows both replicas
+    # and the busy share lets the hold act. With the default step (a = 5e-7 s/token,
+    # b = 0.03 s) the load share is a L / (a L + b): 40,000 tokens a replica make it
+    # 0.4, the default floor. At 50,000 (0.45) the prompt is held; at 30,000 (0.33) the
+    # fixed cost dominates, balance barely moves the step, and it is placed at once.
+    pool = _pool([3000], enqueued_s=10.0)
+    base: dict[str, object] = {"horizon": 6} if name == "brh" else {}
+    pol = build_policy(name, base)
+    heavy = ClusterSnapshot.build([50_000, 50_000], [2, 2], 4)
+    light = ClusterSnapshot.build([30_000, 30_000], [2, 2], 4)
+    assert load_share(heavy) == pytest.approx(0.025 / 0.055)
+    assert load_share(light) == pytest.approx(0.015 / 0.045)
+    res = pol.schedule(heavy, pool, 10.05, 0)
+    assert res.held == 1 and res.assignments == ()
+    res = pol.schedule(light, pool, 10.05, 0)
+    assert res.held == 0 and len(res.assignments) == 1
+    # the share is the barrier replica's: a dead replica's load does not count
+    dead = ClusterSnapshot.build([30_000, 30_000, 90_000], [2, 2, 0], 4,
+                                 alive=np.array([True, True, False]))
+    assert load_share(dead) == pytest.approx(load_share(light))
+    always = build_policy(name, {**base, "hold_min_load_share": 0.0})
+    assert always.schedule(light, pool, 10.05, 0).held == 1
 
 
 @settings(max_examples=120, deadline=None)

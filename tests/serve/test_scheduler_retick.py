@@ -15,10 +15,12 @@ from tests.serve.test_sched_core import _admission
 
 def _held_core(clock: list[float]) -> SchedulerCore:
     core = SchedulerCore(2, 2, 8, StepModel(0.0, 0.01, 0.0),
-                         # an idle cluster: the hold at any load (the default holds only
-                         # while half the slots run)
+                         # an idle cluster, and a step with no load term: the hold at
+                         # any load and load share (by default it holds only while half
+                         # the slots run and the load is 40% of the step)
                          build_policy("br0", {"hold_budget_ms": 200.0,
-                                              "hold_min_busy_share": 0.0}), detail=False,
+                                              "hold_min_busy_share": 0.0,
+                                              "hold_min_load_share": 0.0}), detail=False,
                          clock=lambda: clock[0])
     core.mark_alive(0, "i0")
     core.mark_alive(1, "i1")

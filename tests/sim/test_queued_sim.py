@@ -154,9 +154,11 @@ def test_one_at_a_time_the_clumps_last_and_largest_request_is_held(
     goes first and nothing is held; arriving last and alone, it finds the ranks half
     busy and balanced, is above every peak, and the bounded hold keeps it until a
     finish opens a margin."""
-    batched, _ = _pools_seen(monkeypatch, False)
+    # prompts of 100-600 tokens are a sliver of the default step: the hold acts at
+    # any load share here (the gate is tested in tests/core/test_shallow_trust.py)
+    batched, _ = _pools_seen(monkeypatch, False, hold_min_load_share=0.0)
     assert batched[0][2] == ["r4", "r3", "r2", "r1", "r0"]
-    single, res = _pools_seen(monkeypatch, True)
+    single, res = _pools_seen(monkeypatch, True, hold_min_load_share=0.0)
     held = [(t, placed) for t, p, placed in single if p == ["r4"]]
     assert held[0][0] == pytest.approx(0.01) and held[0][1] == []  # alone and held
     assert held[-1][1] == ["r4"] and held[-1][0] > 0.01  # placed once a finish came

@@ -73,6 +73,12 @@ class TickOptions(Options):
         "least this busy (the larger of the running share of their slots and, where "
         "they have KV limits, the used share of their KV): at lighter load the step time "
         "it buys is not scarce and its TTFT cost is not worth paying (0: at any load)")
+    hold_min_load_share: float = option(
+        0.4, ge=0, le=1, doc="the hold applies only while the load terms (a_g L_g + "
+        "c_g N_g) are at least this share of the longest modelled step (b_g the rest): "
+        "where the fixed per-step cost dominates (few requests per replica, short "
+        "contexts) balance moves the step little and the hold's TTFT buys nothing "
+        "(0: at any share)")
 
     def resolved_s_greedy(self, replicas: int) -> int:
         return replicas if self.s_greedy is None else self.s_greedy
@@ -218,7 +224,8 @@ class BR0(PolicyBase[BR0Options]):
             starving=self.ageing.starving(pool, now_s, tick),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3, hold_min_busy_share=c.hold_min_busy_share,
-            now_s=now_s, idle=idle, size_caps=caps)
+            hold_min_load_share=c.hold_min_load_share, now_s=now_s, idle=idle,
+            size_caps=caps)
         self.ageing.record(pool, len(res.assignments), now_s)
         return res
 

@@ -153,7 +153,8 @@ class BRH(PolicyBase[BRHOptions]):
             starving=self.ageing.starving(pool, now_s, tick),
             soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3,
-            hold_min_busy_share=c.hold_min_busy_share, now_s=now_s)
+            hold_min_busy_share=c.hold_min_busy_share,
+            hold_min_load_share=c.hold_min_load_share, now_s=now_s)
         self.ageing.record(pool, len(res.assignments), now_s)
         if ok and trusted:
             return res
