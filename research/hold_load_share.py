@@ -52,7 +52,7 @@ def record() -> list[float]:
         last[0] = float("nan")  # a share belongs to the tick that computed it
         return held, retick
 
-    tick.load_share = share  # type: ignore[assignment]
+    tick.load_share = share
     tick._place_each = place  # type: ignore[assignment]
     return shares
 
