@@ -136,8 +136,8 @@ class Clairvoyant(PolicyBase[ClairOptions]):
             cand = typical[None, :] + (sizes[:, None] - wl.prompt_mean) * surv[None, :]
         starving: set[str] = set()
         if self.options.age_s is not None:
-            for req, hard in self.ageing.starving(pool, now_s, tick):
-                if hard:
+            for req, urgency in self.ageing.starving(pool, now_s, tick):
+                if urgency >= 1.0:
                     starving.add(req.request_id)
                 if len(starving) >= free.sum():
                     break

@@ -3,7 +3,7 @@
 The hold (docs/core.md, "Bounded hold") keeps back a request whose prompt overflows
 every open replica, to buy balance. Balance buys step time only in proportion to the
 load terms' share of the step (``a L + c N`` over ``a L + c N + b`` on the barrier
-replica, ``br_serve.core.tick.load_share``): where the fixed cost ``b`` dominates, a
+replica, ``br_serve.core.shares.load_share``): where the fixed cost ``b`` dominates, a
 better placement barely shortens the step. This runs br0 with the load-share gate off
 (``hold_min_load_share=0``, the hold as it was before the gate) and prints the
 distribution of that share at every tick that held a request, with the share of holds
@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+import br_serve.core.shares as shares_mod
 import br_serve.core.tick as tick
 
 DEFAULT_GATE = 0.4
@@ -39,7 +40,7 @@ def record() -> list[float]:
     """Spy on the tick: the load share seen by each shallow tick that held a request."""
     shares: list[float] = []
     last: list[float] = [float("nan")]
-    orig_share, orig_place = tick.load_share, tick._place_each
+    orig_share, orig_place = shares_mod.load_share, tick._place_each
 
     def share(cluster: Any) -> float:
         last[0] = orig_share(cluster)
@@ -52,7 +53,7 @@ def record() -> list[float]:
         last[0] = float("nan")  # a share belongs to the tick that computed it
         return held, retick
 
-    tick.load_share = share
+    tick.load_share = share  # type: ignore[attr-defined]  # the name the tick calls
     tick._place_each = place  # type: ignore[assignment]
     return shares
 

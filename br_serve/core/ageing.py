@@ -6,8 +6,11 @@ on each request's **pool wait relative to FCFS**:
 
     pool wait  <=  fcfs_wait_factor x (its FCFS pool wait)  +  max_wait_beyond_fcfs_s
 
-A request *starves* once its deadline (entry + factor x FCFS wait + slack) has passed;
-starving requests are placed first, oldest first, each on its best-F replica. Its FCFS
+A request *starves* (is overdue) once its deadline (entry + factor x FCFS wait +
+slack) has passed; overdue requests are placed first. Each carries its urgency, the
+share of its slack it has used (1 at the deadline), so the tick can tell how overdue it
+is: those about as overdue as the most overdue one compete by fit (the tick's
+``overdue_band``), else each goes, oldest first, to its best-F replica. Its FCFS
 pool wait is estimated online: its FCFS turn ``T_p`` is the moment the pool had released
 as many requests as entered before it (FCFS would have released it next), and
 :class:`Ageing` records when each release count was reached, so the FCFS wait is
@@ -138,9 +141,10 @@ class Ageing:
             self._times.append(now_s)
 
     def starving(self, pool: PromptPool, now_s: float, tick: int
-                 ) -> Iterator[tuple[PoolRequest, bool]]:
-        """``(request, hard)`` of the starving requests, oldest first (lazy: a tick
-        stops when its slots run out). ``hard``: past a budget (place it now); else past
+                 ) -> Iterator[tuple[PoolRequest, float]]:
+        """``(request, urgency)`` of the starving requests, oldest first (lazy: a tick
+        stops when its slots run out). ``urgency``: the largest share of a budget the
+        request has used; >= 1: overdue, past a budget (place it now); else past
         ``soft_share`` of one (place it first where it fits; at most ``soft_scan``)."""
         r = self.rule
         fcfs, ttft = r.max_wait_beyond_fcfs_s, r.ttft_budget_s
@@ -168,10 +172,10 @@ class Ageing:
                     and self._queued_online(req, rank, turn, kappa))):
                 wait = max(wait, _share(now_s - req.arrival_s, ttft))
             if wait >= 1.0:
-                yield req, True
+                yield req, wait
             elif wait >= r.soft_share and r.soft_share < 1.0 and soft_left > 0:
                 soft_left -= 1
-                yield req, False
+                yield req, wait
             elif look > 0:
                 look -= 1
             else:

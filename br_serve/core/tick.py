@@ -8,7 +8,10 @@ prompt ``D`` is computed and how an admission updates loads. Both models impleme
 
 Order of a tick:
 1. Ageing: the *starving* requests the policy passes in (:mod:`br_serve.core.ageing`)
-   are assigned first (oldest first), each to the feasible replica with the highest F.
+   are assigned first. Overdue ones (past a deadline) go before the rest: with an
+   ``overdue_band``, those about as overdue as the most overdue one compete by fit
+   (the best F over every open replica first); without one, oldest first, each to its
+   best-F replica. Then those past the lead time, only where they fit well.
 2. While free slots remain and the pool has requests: Stage 1 (``S_tot > S_greedy``,
    one best single request to the replica with most free slots) or Stage 2 (best
    subset of ``R_max`` candidates around the replica's peak; starvation guard).
@@ -22,8 +25,8 @@ from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 from br_serve.core.pool import PromptPool
+from br_serve.core.shares import busy_share, load_share
 from br_serve.core.types import (
-    UNLIMITED_TOKENS,
     Assignment,
     ClusterSnapshot,
     PoolRequest,
@@ -153,8 +156,9 @@ def run_two_stage(
     *,
     s_greedy: int,
     r_max: int,
-    starving: Iterable[tuple[PoolRequest, bool]] = (),
+    starving: Iterable[tuple[PoolRequest, float]] = (),
     soft_fill: float = 0.0,
+    overdue_band: float | None = None,
     shallow: bool = False,
     hold_budget_s: float = 0.0,
     hold_min_busy_share: float = 0.0,
@@ -165,11 +169,16 @@ def run_two_stage(
 ) -> TickResult:
     """One tick of BR-0 / BR-H over ``model``; see the module docstring for the order.
 
-    ``starving``: ``(request, hard)`` to place first, oldest first (read lazily, only
-    while slots are free); a hard one goes to its best-F replica, a soft one only to a
-    replica where it fills well (its prompt between ``soft_fill`` times the replica's
-    peak and the peak; the tightest such replica), else it waits. ``idle``: replicas
-    that get nothing this tick, starving requests included (their free slots wait).
+    ``starving``: ``(request, urgency)`` to place first, oldest first (read lazily,
+    only while slots are free); ``urgency`` is the largest share of a budget the
+    request has used (:meth:`Ageing.starving`). An overdue one (urgency >= 1) goes to
+    its best-F replica, or, with ``overdue_band``, competes with the others within
+    ``overdue_band`` of the highest urgency among the first ``OVERDUE_SCAN`` overdue
+    ones: the (request, replica) pair of highest F goes first, until none is left or
+    no slot. A request only past its lead time goes only to a replica where it fills
+    well (its prompt between ``soft_fill`` times the replica's peak and the peak; the
+    tightest such replica), else it waits. ``idle``: replicas that get nothing this
+    tick, starving requests included (their free slots wait).
     """
     work = _Work(cluster)
     for g in idle:  # idled replicas take nothing, starving requests included
@@ -191,20 +200,12 @@ def run_two_stage(
         model.admit(g, float(d), len(idxs))
         counts[stage] += len(idxs)
 
-    # 1. ageing: starving requests first, oldest first, each to the best-F replica
-    # (a request only soft-starving goes only where it fits: s at or below the peak).
-    for req, hard in starving:
-        if work.s_tot <= 0:
-            break
-        s = req.prompt_tokens
-        cands = [g for g in work.open_replicas() if work.fits(g, s)]
-        if not hard:
-            cands = [g for g in cands if soft_fill * model.scorer(g).peak <= s
-                     <= model.scorer(g).peak]
-        if not cands:
-            continue
-        best_g = max(cands, key=lambda r: (model.scorer(r)(float(s)), -model.scorer(r).peak))
-        assign(best_g, [cur.index_of(req.request_id, s)], "aged")
+    # 1. ageing: starving requests first. Among equally overdue ones, order is free:
+    # each has already missed its deadline, and a placement by fit keeps the steps
+    # short, which frees the next slots sooner for the rest of them.
+    if overdue_band is not None:
+        starving = _place_overdue(starving, overdue_band, cur, work, model, assign)
+    _place_aged(starving, soft_fill, cur, work, model, assign)
 
     # 2. a shallow pool (every request left fits the free slots): the question is only
     # where each goes, so place each (largest first) on its best replica.
@@ -260,36 +261,59 @@ def run_two_stage(
                       counts["aged"])
 
 
-def busy_share(cluster: ClusterSnapshot) -> float:
-    """How busy the alive replicas are: the larger of the running share of their slots
-    and the used share of their KV limits (where every alive replica has one). Real
-    ranks are often KV-bound: a rank whose KV is full runs fewer requests than it has
-    slots, and the slot share alone would call it idle. 0 with no alive slot."""
-    alive = cluster.alive
-    slots = int(cluster.slots[alive].sum())
-    if slots <= 0:
-        return 0.0
-    share = float(cluster.running_requests[alive].sum()) / slots
-    kv = cluster.kv_limit_tokens[alive]
-    if kv.size and bool((kv < UNLIMITED_TOKENS).all()):
-        share = max(share, float(cluster.load_tokens[alive].sum()) / float(kv.sum()))
-    return share
+OVERDUE_SCAN = 64
+"""With an overdue band, the overdue requests one tick reads (oldest first) at most."""
 
 
-def load_share(cluster: ClusterSnapshot) -> float:
-    """The share of the cluster's step that balance can move: on the alive replica
-    with the longest modelled step ``a_g L_g + c_g N_g + b_g`` (the barrier), the
-    load terms ``a_g L_g + c_g N_g`` over the whole step, with the running load.
-    Where the fixed cost ``b_g`` dominates (few requests per replica, short contexts)
-    a better placement barely shortens the step. 0 with no alive replica."""
-    alive = cluster.alive
-    if not bool(alive.any()):
-        return 0.0
-    var = (cluster.step_a_s_per_token * cluster.running_load_tokens()
-           + cluster.step_c_s_per_request * cluster.running_requests)[alive]
-    step = var + cluster.step_b_s[alive]
-    g = int(step.argmax())
-    return float(var[g] / step[g]) if step[g] > 0 else 0.0
+def _place_overdue(starving: Iterable[tuple[PoolRequest, float]], band: float,
+                   cur: PoolCursor, work: _Work, model: MarginModel,
+                   assign: Callable[[int, list[int], str], None]
+                   ) -> list[tuple[PoolRequest, float]]:
+    """Place the overdue requests about as overdue as the most overdue one (within
+    ``band``) by fit: the pair (request, open replica) of highest F first. Returns the
+    starving requests it did not read as overdue (past the lead time only), in order."""
+    due: list[tuple[PoolRequest, float]] = []
+    rest: list[tuple[PoolRequest, float]] = []
+    for req, urgency in starving:
+        (due if urgency >= 1.0 else rest).append((req, urgency))
+        if len(due) >= OVERDUE_SCAN:
+            break
+    while due and work.s_tot > 0:
+        floor = max(u for _, u in due) - band
+        best: tuple[float, int, int] | None = None
+        for g in work.open_replicas():
+            sc = model.scorer(g)
+            for j, (req, u) in enumerate(due):
+                if u >= floor and work.fits(g, req.prompt_tokens):
+                    f = sc(float(req.prompt_tokens))
+                    if best is None or f > best[0]:
+                        best = (f, g, j)
+        if best is None:  # those fit nowhere now (nor later this tick): they wait
+            due = [(r, u) for r, u in due if u < floor]
+            continue
+        _, g, j = best
+        req = due.pop(j)[0]
+        assign(g, [cur.index_of(req.request_id, req.prompt_tokens)], "aged")
+    return rest
+
+
+def _place_aged(starving: Iterable[tuple[PoolRequest, float]], soft_fill: float,
+                cur: PoolCursor, work: _Work, model: MarginModel,
+                assign: Callable[[int, list[int], str], None]) -> None:
+    """Oldest first, an overdue request to its best-F replica, one past its lead time
+    only where it fills well (``soft_fill``)."""
+    for req, urgency in starving:
+        if work.s_tot <= 0:
+            break
+        s = req.prompt_tokens
+        cands = [g for g in work.open_replicas() if work.fits(g, s)]
+        if urgency < 1.0:
+            cands = [g for g in cands if soft_fill * model.scorer(g).peak <= s
+                     <= model.scorer(g).peak]
+        if not cands:
+            continue
+        best_g = max(cands, key=lambda r: (model.scorer(r)(float(s)), -model.scorer(r).peak))
+        assign(best_g, [cur.index_of(req.request_id, s)], "aged")
 
 
 def _place_each(pool: PromptPool, cur: PoolCursor, work: _Work, model: MarginModel,

@@ -9,6 +9,9 @@ worst window) and its max over all windows. The rule "TTFT <= 2 x FCFS TTFT + sl
 holds at P99 where the P99 excess is <= the slack. Beside it the same rule on the run's
 own release clock (``pace_rule_excess_s``, br_serve/sim/metrics.py: pool wait - 2 x the
 FCFS pool wait at the run's own pace), which is what the ageing rule keeps online.
+Runs of research/policy/fill_split.py also carry the excess over the start-up fill's
+requests and over the rest
+(``fill_rule_excess_s_*``, ``rest_rule_excess_s_*``; a last table column).
 
     python research/policy/lead_assemble.py OUT_JSON MATRIX_DIR [MATRIX_DIR ...]
     (a cell's runs from several MATRIX_DIRs are merged, the first one's kept per label)
@@ -54,6 +57,14 @@ def cell(doc: dict[str, Any]) -> dict[str, Any]:
             "fcfs_rule_excess_s_max": max(mine[k]["fcfs_rule_excess_s_max"] for k in keys),
             "fcfs_replay_delay_s_p99": sum(mine[k]["fcfs_replay_delay_s_p99"]
                                            for k in keys) / len(keys)}
+        for part in ("fill", "rest"):  # research/policy/fill_split.py's runs only
+            if all(f"{part}_rule_excess_s_p99" in mine[k] for k in keys):
+                xs = [mine[k][f"{part}_rule_excess_s_p99"] for k in keys]
+                out[lab][f"{part}_rule_excess_s_p99"] = {**_stat(xs), "worst_window": max(xs)}
+                out[lab][f"{part}_rule_excess_s_max"] = max(
+                    mine[k][f"{part}_rule_excess_s_max"] for k in keys)
+                out[lab][f"{part}_over_30s_per_window"] = sum(
+                    mine[k][f"{part}_over_30s"] for k in keys) / len(keys)
         got = [mine[k].get("pace_rule_excess_s_p99") for k in keys]
         pace = [float(x) for x in got if x is not None]
         if len(pace) == len(got):  # runs made before the metric lack it
@@ -76,6 +87,14 @@ def _pace(r: dict[str, Any]) -> str:
     return "-" if x is None else f"{x['mean']:.0f} / {r['pace_rule_excess_s_max']:.0f}"
 
 
+def _split(r: dict[str, Any]) -> str:
+    if "fill_rule_excess_s_p99" not in r:
+        return ""
+    f, t = r["fill_rule_excess_s_p99"], r["rest_rule_excess_s_p99"]
+    return (f" fill {f['mean']:.0f} / {r['fill_rule_excess_s_max']:.0f}; rest "
+            f"{t['mean']:.0f} ({t['worst_window']:.0f}) / {r['rest_rule_excess_s_max']:.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -93,9 +112,11 @@ def main() -> None:
     cells = {name: cell({"runs": list(rs.values())}) for name, rs in sorted(runs.items())}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"cells": cells}, indent=2))
+    split = any("fill_rule_excess_s_p99" in r for c in cells.values() for r in c.values())
     print("| cell | variant | whole-run gain vs jsq % | ratio to off | TTFT P95 vs jsq % | "
-          "TTFT - 2xFCFS P99 s (worst window) | max s | own-clock excess P99 s / max |")
-    print("|---|---|---|---|---|---|---|---|")
+          "TTFT - 2xFCFS P99 s (worst window) | max s | own-clock excess P99 s / max |"
+          + (" start-up fill P99 / max; rest P99 (worst) / max s |" if split else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if split else ""))
     for name, c in cells.items():
         for lab, r in c.items():
             ratio = r["ratio_to_off"]
@@ -104,7 +125,7 @@ def main() -> None:
                   f"{'-' if ratio is None else f'{100 * ratio:.0f}%'} | "
                   f"{_ci(r['ttft_p95_vs_jsq'])} | {_ci(x, 1.0, '.0f')} "
                   f"({x['worst_window']:.0f}) | {r['fcfs_rule_excess_s_max']:.0f} | "
-                  f"{_pace(r)} |")
+                  f"{_pace(r)} |{_split(r)}")
 
 
 if __name__ == "__main__":

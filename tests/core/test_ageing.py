@@ -20,8 +20,9 @@ def _pool(sizes: list[int], arrival_s: float = 0.0) -> PromptPool:
 
 def _tick(ag: Ageing, pool: PromptPool, now_s: float, release: list[str]
           ) -> list[tuple[str, bool]]:
-    """One tick: what starves at ``now_s``, then the tick releases ``release``."""
-    out = [(r.request_id, hard) for r, hard in ag.starving(pool, now_s, 0)]
+    """One tick: what starves at ``now_s`` (overdue: True), then the tick releases
+    ``release``."""
+    out = [(r.request_id, urgency >= 1.0) for r, urgency in ag.starving(pool, now_s, 0)]
     ag.record(pool, len(release), now_s)
     for rid in release:
         pool.remove(rid)

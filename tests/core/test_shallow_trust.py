@@ -16,7 +16,7 @@ from br_serve.core import (
     RunningRequests,
     build_policy,
 )
-from br_serve.core.tick import load_share
+from br_serve.core.shares import load_share
 from tests.core.strategies import states
 
 

@@ -61,6 +61,11 @@ class TickOptions(Options):
     ageing_soft_fill: float = option(
         0.5, ge=0, le=1, doc="ageing: such a request is placed first only where it fills "
         "at least this share of the replica's margin (its peak)")
+    ageing_overdue_band: float | None = option(
+        0.25, ge=0, doc="ageing: overdue requests within this share of a budget of the "
+        "most overdue one go first by fit (the best F over every open replica), not "
+        "oldest first: each has missed its deadline already, and placing them by fit "
+        "frees the next slots sooner (None: oldest first, each to its best-F replica)")
     shallow_pool: bool = option(
         True, doc="when every pool request fits the free slots, place each (largest "
         "first) on its best-F replica, ties to the least (projected) load")
@@ -222,7 +227,8 @@ class BR0(PolicyBase[BR0Options]):
             cluster, pool, scalar_model(cluster, c),
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
             starving=self.ageing.starving(pool, now_s, tick),
-            soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
+            soft_fill=c.ageing_soft_fill, overdue_band=c.ageing_overdue_band,
+            shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3, hold_min_busy_share=c.hold_min_busy_share,
             hold_min_load_share=c.hold_min_load_share, now_s=now_s, idle=idle,
             size_caps=caps)

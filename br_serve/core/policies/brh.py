@@ -151,7 +151,8 @@ class BRH(PolicyBase[BRHOptions]):
             cluster, pool, model,
             s_greedy=c.resolved_s_greedy(cluster.num_replicas), r_max=c.r_max,
             starving=self.ageing.starving(pool, now_s, tick),
-            soft_fill=c.ageing_soft_fill, shallow=c.shallow_pool,
+            soft_fill=c.ageing_soft_fill, overdue_band=c.ageing_overdue_band,
+            shallow=c.shallow_pool,
             hold_budget_s=c.hold_budget_ms / 1e3,
             hold_min_busy_share=c.hold_min_busy_share,
             hold_min_load_share=c.hold_min_load_share, now_s=now_s)
