@@ -19,7 +19,7 @@ Order of a tick:
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from heapq import heapify, heappop, heappush
 from typing import Protocol
@@ -278,16 +278,27 @@ def _place_overdue(starving: Iterable[tuple[PoolRequest, float]], band: float,
         (due if urgency >= 1.0 else rest).append((req, urgency))
         if len(due) >= OVERDUE_SCAN:
             break
+    due.sort(key=lambda x: x[0].prompt_tokens)  # stable: FCFS order within a size
     while due and work.s_tot > 0:
         floor = max(u for _, u in due) - band
+        elig = [j for j, (_, u) in enumerate(due) if u >= floor]
+        sizes = [due[j][0].prompt_tokens for j in elig]
         best: tuple[float, int, int] | None = None
         for g in work.open_replicas():
-            sc = model.scorer(g)
-            for j, (req, u) in enumerate(due):
-                if u >= floor and work.fits(g, req.prompt_tokens):
-                    f = sc(float(req.prompt_tokens))
-                    if best is None or f > best[0]:
-                        best = (f, g, j)
+            # F is concave with its maximum at the peak: of the requests that fit, only
+            # the largest at or below the peak and the smallest above it can win
+            sc, lim = model.scorer(g), work.limit(g)
+            cands = []
+            i = bisect_right(sizes, min(sc.peak, lim)) - 1
+            if i >= 0:
+                cands.append(bisect_left(sizes, sizes[i]))  # the oldest of that size
+            i = bisect_right(sizes, sc.peak)
+            if i < len(sizes) and sizes[i] <= lim:
+                cands.append(i)
+            for i in cands:
+                f = sc(float(sizes[i]))
+                if best is None or f > best[0]:
+                    best = (f, g, elig[i])
         if best is None:  # those fit nowhere now (nor later this tick): they wait
             due = [(r, u) for r, u in due if u < floor]
             continue
