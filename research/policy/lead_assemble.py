@@ -15,7 +15,7 @@ requests and over the rest
 
     python research/policy/lead_assemble.py OUT_JSON MATRIX_DIR [MATRIX_DIR ...]
     (a cell's runs from several MATRIX_DIRs are merged, the first one's kept per label)
-        [--labels a,b,...]
+        [--labels a,b,...] [--against LABEL]
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ def _stat(xs: list[float]) -> dict[str, Any]:
             "k": len(xs)}
 
 
-def cell(doc: dict[str, Any]) -> dict[str, Any]:
+def cell(doc: dict[str, Any], against: str | None = None) -> dict[str, Any]:
     runs = doc["runs"]
     base = _by(runs, "jsq")
+    other = None if against is None else _by(runs, against)
     labels = sorted({r["label"] for r in runs} - {"jsq"})
     out: dict[str, Any] = {}
     for lab in labels:
@@ -57,6 +58,11 @@ def cell(doc: dict[str, Any]) -> dict[str, Any]:
             "fcfs_rule_excess_s_max": max(mine[k]["fcfs_rule_excess_s_max"] for k in keys),
             "fcfs_replay_delay_s_p99": sum(mine[k]["fcfs_replay_delay_s_p99"]
                                            for k in keys) / len(keys)}
+        if other is not None and lab != against:  # the paired whole-run gain over it
+            ks = sorted(set(mine) & set(other))
+            out[lab][f"whole_run_gain_vs_{against}"] = _stat(
+                [mine[k]["whole_run_throughput_tok_s"] / other[k]["whole_run_throughput_tok_s"]
+                 - 1 for k in ks])
         for part in ("fill", "rest"):  # research/policy/fill_split.py's runs only
             if all(f"{part}_rule_excess_s_p99" in mine[k] for k in keys):
                 xs = [mine[k][f"{part}_rule_excess_s_p99"] for k in keys]
@@ -100,6 +106,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--labels", default=None)
+    ap.add_argument("--against", default=None, help="also pair every label's whole-run "
+                    "throughput against this label's (whole_run_gain_vs_<label>)")
     a = ap.parse_args()
     want = None if a.labels is None else a.labels.split(",")
     runs: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
@@ -109,7 +117,8 @@ def main() -> None:
             for r in json.loads(f.read_text())["runs"]:
                 if want is None or r["label"] in want or r["label"] == "jsq":
                     into.setdefault((r["label"], r["replay"]), r)
-    cells = {name: cell({"runs": list(rs.values())}) for name, rs in sorted(runs.items())}
+    cells = {name: cell({"runs": list(rs.values())}, a.against)
+             for name, rs in sorted(runs.items())}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"cells": cells}, indent=2))
     split = any("fill_rule_excess_s_p99" in r for c in cells.values() for r in c.values())
