@@ -6,7 +6,8 @@
 # over jsq, its ratio to off's, TTFT P95 vs jsq, the fairness rule's realised P99 / max).
 # Usage: research/policy/candidates_matrix.sh OUT_DIR TRACE_DIR SHARED_TRACES
 #   CANDIDATES="name:opt=v[,opt=v] ..." (default "ttft5:ttft_budget_s=5"), GS, WORKLOADS, JOBS,
-#   REPLAYS (windows, default 4), SEED (which random windows, default 0), SPLIT=1 (run
+#   REPLAYS (windows, default 4), SEED (which random windows, default 0), LIMIT (requests
+#   per window, default 1000), SPLIT=1 (run
 #   through research/policy/fill_split.py: the fairness excess split at the start-up fill)
 set -euo pipefail
 out=$1; syn=$2; tr=$3
@@ -28,7 +29,7 @@ for g in ${GS:-8 16}; do
     [ -f "$d/summary.json" ] && continue
     echo "== ${w}_g$g ($(uptime))" >&2
     # shellcheck disable=SC2086
-    nice -n 19 "$py" "${entry[@]}" sim ${TRACES[$w]} --sim-saturated --limit 1000 \
+    nice -n 19 "$py" "${entry[@]}" sim ${TRACES[$w]} --sim-saturated --limit "${LIMIT:-1000}" \
       --replays "${REPLAYS:-4}" --seed "${SEED:-0}" --replicas "$g" --jobs "${JOBS:-3}" \
       --no-plots --out "$d" \
       --policies "$pols" "${opts[@]}" > "$d.log" 2>&1 || echo "failed $d" >&2
