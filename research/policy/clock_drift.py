@@ -10,10 +10,11 @@ fewer requests per second early and more late, and the estimate drifts.
 This runs ``br-serve sim`` in-process (``--jobs 1``; every argument is passed through,
 so name the baseline ``jsq`` and the policy under test ``br0``) and, per window, pairs
 the two runs by their prompts and reports, at a few FCFS ranks, when each had
-released that many requests (admitted: first token), the mean output length of the
-first quarter each admitted, and the P99 / max of ``TTFT - 2 x TTFT`` against the jsq
+released that many requests (admitted: first token), the mean output and prompt length
+of each quarter of the requests in the order each admitted them, and the P99 / max
+of ``TTFT - 2 x TTFT`` against the jsq
 replay (the harness's realised excess) and against br0's own release clock (what the
-rule sees). Writes JSON.
+rule sees), and the five requests of highest excess. Writes JSON.
 
     python research/policy/clock_drift.py OUT.json sim --trace ... --sim-saturated \
         --limit 4000 --replays 8 --seed 1 --replicas 8 --jobs 1 --no-plots \
@@ -47,6 +48,7 @@ def _simulate(trace: Trace, cfg: SimConfig, *, predictor: Any = None,
     _runs.setdefault(cfg.policy.name, []).append({
         "ttft_s": np.asarray(first - res.arrival_s, dtype=np.float64),
         "output_tokens": np.asarray(res.output_tokens, dtype=np.float64),
+        "prompt_tokens": np.asarray(res.prompt_tokens, dtype=np.float64),
         "key": hash(tuple(np.asarray(res.prompt_tokens).tolist())),
     })
     return res
@@ -56,22 +58,31 @@ def _window(base: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
     tj, tb = base["ttft_s"], mine["ttft_s"]
     n = tb.size
     clock_j, clock_b = np.sort(tj), np.sort(tb)
-    quarter = max(1, n // 4)
-    out = mine["output_tokens"]
+    out, prompt = mine["output_tokens"], mine["prompt_tokens"]
+    by_j, by_b = np.argsort(tj, kind="stable"), np.argsort(tb, kind="stable")
     realised = tb - 2.0 * tj
     own = tb - 2.0 * clock_b  # request i's FCFS turn on br0's clock: its i-th release
     return {
         "requests": int(n),
         "release_clock_s": [{"rank": int(s * n), "fcfs_jsq": float(clock_j[int(s * n)]),
                              "br0": float(clock_b[int(s * n)])} for s in RANK_SHARES],
-        "mean_output_first_quarter_admitted": {
-            "fcfs_jsq": float(out[np.argsort(tj, kind="stable")[:quarter]].mean()),
-            "br0": float(out[np.argsort(tb, kind="stable")[:quarter]].mean()),
+        "mean_output_by_admitted_quarter": {
+            "fcfs_jsq": [float(out[q].mean()) for q in np.array_split(by_j, 4)],
+            "br0": [float(out[q].mean()) for q in np.array_split(by_b, 4)],
             "all": float(out.mean())},
+        "mean_prompt_by_admitted_quarter": {
+            "fcfs_jsq": [float(prompt[q].mean()) for q in np.array_split(by_j, 4)],
+            "br0": [float(prompt[q].mean()) for q in np.array_split(by_b, 4)],
+            "all": float(prompt.mean())},
         "excess_vs_fcfs_replay_s": {"p99": float(np.percentile(realised, 99)),
                                     "max": float(realised.max())},
         "excess_vs_own_clock_s": {"p99": float(np.percentile(own, 99)),
                                   "max": float(own.max())},
+        "top_excess": [{"rank": int(i), "excess_s": float(realised[i]),
+                        "ttft_br0_s": float(tb[i]), "ttft_fcfs_jsq_s": float(tj[i]),
+                        "turn_own_clock_s": float(clock_b[i]),
+                        "prompt_tokens": int(prompt[i]), "output_tokens": int(out[i])}
+                       for i in np.argsort(-realised, kind="stable")[:5]],
     }
 
 
@@ -94,10 +105,11 @@ def main(argv: list[str]) -> int:
         f.write("\n")
     for w in windows:
         c = w["release_clock_s"][2]
-        m = w["mean_output_first_quarter_admitted"]
+        m = w["mean_output_by_admitted_quarter"]
+        q = "/".join(f"{x:.0f}" for x in m["br0"])
         print(f"rank {c['rank']}: jsq {c['fcfs_jsq']:.0f} s, br0 {c['br0']:.0f} s; "
-              f"mean output of the first quarter admitted jsq {m['fcfs_jsq']:.0f}, "
-              f"br0 {m['br0']:.0f} (all {m['all']:.0f}); excess P99 vs FCFS replay "
+              f"mean output by admitted quarter br0 {q}, jsq "
+              f"{'/'.join(f'{x:.0f}' for x in m['fcfs_jsq'])}; excess P99 vs FCFS replay "
               f"{w['excess_vs_fcfs_replay_s']['p99']:.0f} s, vs own clock "
               f"{w['excess_vs_own_clock_s']['p99']:.0f} s")
     return 0
