@@ -15,7 +15,19 @@ pool wait is estimated online: its FCFS turn ``T_p`` is the moment the pool had 
 as many requests as entered before it (FCFS would have released it next), and
 :class:`Ageing` records when each release count was reached, so the FCFS wait is
 ``T_p - entered``. Until the turn comes the FCFS wait is at least ``now - entered``
-and the request cannot be past its deadline. ``fcfs_wait_factor = 1`` is the absolute
+and the request cannot be past its deadline.
+
+**Prompt-token clock** (``prompt_clock``). The release count is FCFS's clock only if the
+policy releases requests as fast as FCFS would, and it does not: BalanceRoute picks
+prompts by size, so in a long saturated run it admits other requests than FCFS (on
+ServeGen R1, large prompts with long outputs first: its release count ran 30-40% behind
+FCFS's a third of the way through 4,000 requests), the turns it reads come late, and the
+factor doubles the error (docs/core.md, "Longer runs"). With ``prompt_clock`` a
+request's turn is the earlier of that moment and the moment the pool had released as
+many prompt tokens as entered up to and including it (FCFS releases the same prompts in
+order, so it had released exactly that many by the request's turn). A policy that takes
+large prompts first runs ahead on this clock, one that takes small ones on the count:
+the earlier of the two is the tighter bound either way. ``fcfs_wait_factor = 1`` is the absolute
 rule "wait beyond FCFS at most ``max_wait_beyond_fcfs_s``" (the harness's ``T_q - T_p``).
 
 Lead time: a request past ``soft_share`` of its slack (``(now - base) / slack`` with
@@ -86,6 +98,7 @@ class AgeingRule:
     ttft_backlog_s: float | None = None
     ttft_queue_age_factor: float | None = None
     ttft_online_wait_s: float | None = None
+    prompt_clock: bool = False
 
 
 def _share(waited_s: float, budget_s: float) -> float:
@@ -103,7 +116,7 @@ class Ageing:
     """
 
     __slots__ = ("_counts", "_entered", "_head_arrival", "_hstart", "_start", "_times",
-                 "rule")
+                 "_tok_counts", "_tok_start", "_tok_times", "rule")
 
     def __init__(self, rule: AgeingRule) -> None:
         self.rule = rule
@@ -116,6 +129,22 @@ class Ageing:
         self._entered: list[int] = []
         self._head_arrival: list[float] = []
         self._hstart = 0
+        # prompt_clock: the pool's released prompt tokens reached _tok_counts[i] at
+        # _tok_times[i]
+        self._tok_counts: list[int] = []
+        self._tok_times: list[float] = []
+        self._tok_start = 0
+
+    def tokens_released_at(self, tokens: int) -> float | None:
+        """When the pool's released prompt tokens first reached ``tokens`` (None: not
+        yet, or ``prompt_clock`` is off)."""
+        i = bisect_left(self._tok_counts, tokens, self._tok_start)
+        return self._tok_times[i] if i < len(self._tok_counts) else None
+
+    def _note_tokens(self, tokens: int, now_s: float) -> None:
+        if not self._tok_counts or tokens > self._tok_counts[-1]:
+            self._tok_counts.append(tokens)
+            self._tok_times.append(now_s)
 
     def head_arrival_at_entry(self, rank: int) -> float | None:
         """Arrival time of the oldest pool request at the first tick that saw the
@@ -155,15 +184,23 @@ class Ageing:
             self._note_entries(pool)
         released = pool.released
         self._note(released, now_s)  # releases made outside this policy's ticks
+        tokens = r.prompt_clock
+        if tokens:
+            self._note_tokens(pool.released_tokens, now_s)
         soft_left = r.soft_scan
         factor = r.fcfs_wait_factor
         look = r.soft_scan if factor != 1.0 else 0  # deadlines may not grow along FCFS
         backlog = r.ttft_backlog_s
         for req, rank, _overtaken in pool.fcfs_ranks():
-            if (ttft is None or backlog is not None) and released <= rank:
+            by_tokens = (self.tokens_released_at(pool.tokens_through(req.request_id))
+                         if tokens else None)
+            if (ttft is None or backlog is not None) and released <= rank \
+                    and by_tokens is None:
                 return  # its FCFS turn has not come, nor that of any later entry
             wait = -1.0  # the largest share of a budget the request has used
             turn = self.released_at(rank + 1) if released > rank else None
+            if by_tokens is not None:  # the earlier clock (module: prompt-token clock)
+                turn = by_tokens if turn is None else min(turn, by_tokens)
             if fcfs is not None and turn is not None:
                 base = req.enqueued_s + factor * (turn - req.enqueued_s)
                 wait = _share(now_s - base, fcfs)
@@ -181,6 +218,19 @@ class Ageing:
             else:
                 return
 
+    def _forget_tokens(self, pool: PromptPool) -> None:
+        """Drop token breakpoints below the oldest pool request's (none needs them)."""
+        head = next(pool.fcfs(), None)
+        if head is None:
+            self._tok_start = max(0, len(self._tok_counts) - 1)
+        else:
+            self._tok_start = max(self._tok_start, bisect_left(
+                self._tok_counts, pool.tokens_through(head.request_id), self._tok_start))
+        if self._tok_start > 1024 and self._tok_start * 2 > len(self._tok_counts):
+            del self._tok_counts[: self._tok_start]
+            del self._tok_times[: self._tok_start]
+            self._tok_start = 0
+
     def _queued_online(self, req: PoolRequest, rank: int, turn: float,
                        kappa: float | None) -> bool:
         """Whether the queue ahead of ``req`` formed slowly enough for online work:
@@ -197,10 +247,16 @@ class Ageing:
         age = max(0.0, req.arrival_s - head)
         return turn - req.arrival_s <= kappa * age
 
-    def record(self, pool: PromptPool, assigned: int, now_s: float) -> None:
-        """The tick released ``assigned`` requests at ``now_s`` (the caller removes
-        them from the pool next); forget breakpoints no pool request can need."""
+    def record(self, pool: PromptPool, assigned: int, now_s: float,
+               assigned_tokens: int = 0) -> None:
+        """The tick released ``assigned`` requests with ``assigned_tokens`` prompt
+        tokens at ``now_s`` (the caller removes them from the pool next; without the
+        tokens, the prompt-token clock dates them at the next tick); forget breakpoints
+        no pool request can need."""
         self._note(pool.released + assigned, now_s)
+        if self.rule.prompt_clock:
+            self._note_tokens(pool.released_tokens + assigned_tokens, now_s)
+            self._forget_tokens(pool)
         head = pool.head_rank()
         if head is None:
             self._start = len(self._counts) - 1 if self._counts else 0

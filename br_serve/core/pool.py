@@ -27,6 +27,7 @@ class PoolTicket:
     seq: int
     removed_at_entry: int
     size_at_entry: int
+    tokens_through_entry: int
 
 
 class PromptPool:
@@ -41,8 +42,8 @@ class PromptPool:
         PoolFullError: adding to a full pool.
     """
 
-    __slots__ = ("_by_id", "_capacity", "_entry", "_ids", "_next_seq", "_removed", "_seq",
-                 "_sizes")
+    __slots__ = ("_by_id", "_capacity", "_entered_tokens", "_entry", "_entry_tokens", "_ids",
+                 "_next_seq", "_removed", "_removed_tokens", "_seq", "_sizes")
 
     def __init__(self, capacity: int = 65536) -> None:
         if capacity < 1:
@@ -58,6 +59,12 @@ class PromptPool:
         # insertion order numbers: FCFS position of a request put back by restore()
         self._seq: dict[str, int] = {}
         self._next_seq = 0
+        # The prompt-token clock (ageing): prompt tokens that have entered / left so
+        # far, and per request the tokens that had entered up to and including it
+        # (FCFS would have released that many by its turn).
+        self._entered_tokens = 0
+        self._removed_tokens = 0
+        self._entry_tokens: dict[str, int] = {}
 
     # -- reading -----------------------------------------------------------------
     @property
@@ -82,6 +89,18 @@ class PromptPool:
 
     def get(self, request_id: str) -> PoolRequest:
         return self._by_id[request_id]
+
+    @property
+    def released_tokens(self) -> int:
+        """Prompt tokens of the requests that have left the pool so far (assigned or
+        cancelled; a restored request's are taken back)."""
+        return self._removed_tokens
+
+    def tokens_through(self, request_id: str) -> int:
+        """Prompt tokens that entered the pool up to and including this request: FCFS
+        would have released that many by the time it released this one. Raises
+        KeyError if absent."""
+        return self._entry_tokens[request_id]
 
     def fcfs(self) -> Iterator[PoolRequest]:
         """Requests in arrival (insertion) order."""
@@ -136,6 +155,8 @@ class PromptPool:
         if len(self._by_id) >= self._capacity:
             raise PoolFullError(f"prompt pool full ({self._capacity} requests)")
         self._entry[req.request_id] = (self._removed, len(self._by_id))
+        self._entered_tokens += req.prompt_tokens
+        self._entry_tokens[req.request_id] = self._entered_tokens
         self._seq[req.request_id] = self._next_seq
         self._next_seq += 1
         self._by_id[req.request_id] = req
@@ -150,7 +171,8 @@ class PromptPool:
         """The ticket :meth:`restore` needs to put ``request_id`` back after a removal.
         Raises KeyError if absent."""
         at_removed, at_size = self._entry[request_id]
-        return PoolTicket(self._seq[request_id], at_removed, at_size)
+        return PoolTicket(self._seq[request_id], at_removed, at_size,
+                          self._entry_tokens[request_id])
 
     def restore(self, req: PoolRequest, ticket: PoolTicket) -> None:
         """Undo the removal of ``req`` (taken with ``ticket`` just before it was removed):
@@ -167,7 +189,9 @@ class PromptPool:
         if rid in self._by_id:
             raise ValueError(f"request_id: {rid!r} is already in the pool")
         self._removed -= 1  # its removal never happened, as far as overtakes go
+        self._removed_tokens -= req.prompt_tokens
         self._entry[rid] = (ticket.removed_at_entry, ticket.size_at_entry)
+        self._entry_tokens[rid] = ticket.tokens_through_entry
         self._seq[rid] = ticket.seq
         items = list(self._by_id.items())
         at = next((k for k, (other, _) in enumerate(items)
@@ -180,8 +204,10 @@ class PromptPool:
         """Remove one request and return it. Raises KeyError if absent."""
         req = self._by_id.pop(request_id)
         del self._entry[request_id]
+        del self._entry_tokens[request_id]
         del self._seq[request_id]
         self._removed += 1
+        self._removed_tokens += req.prompt_tokens
         lo = bisect_left(self._sizes, req.prompt_tokens)
         hi = bisect_right(self._sizes, req.prompt_tokens, lo)
         pos = self._ids.index(request_id, lo, hi)

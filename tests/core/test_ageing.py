@@ -242,3 +242,38 @@ def test_queue_age_factor_is_validated_by_name() -> None:
         build_policy("br0", {"ttft_budget_queue_age_factor": -1.0})
     rule = build_policy("br0", {}).options.ageing_rule()
     assert rule.ttft_queue_age_factor == 4.0
+
+
+def test_prompt_clock_reads_the_turn_on_released_prompt_tokens() -> None:
+    """A policy that releases a large newer prompt first advances the prompt-token
+    clock past its elders: FCFS, releasing the same prompts in order, would have served
+    r0 and r1 (20 tokens) before r2 (980). With ``prompt_clock`` r1's turn came with
+    that release (t = 1), so it is due at 1 + 10; on the release count alone its turn
+    (release 2) has not come and it never starves."""
+    def run(prompt_clock: bool) -> list[list[tuple[str, bool]]]:
+        ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=10.0, soft_share=1.0,
+                               prompt_clock=prompt_clock))
+        pool = _pool([10, 10, 980])
+        out = [_tick(ag, pool, 0.0, [])]
+        ag.starving(pool, 1.0, 0)  # the tick reads the pool first, as a policy does
+        ag.record(pool, 1, 1.0, assigned_tokens=980)
+        pool.remove("r2")
+        out += [_tick(ag, pool, t, []) for t in (10.9, 11.0)]
+        return out
+
+    assert run(False) == [[], [], [("r0", True)]]
+    assert run(True) == [[], [], [("r0", True), ("r1", True)]]
+
+
+def test_prompt_clock_is_the_earlier_of_the_two() -> None:
+    """Small prompts released first: the count runs ahead of the tokens, and the turn
+    is the count's (the prompt clock never loosens the bound)."""
+    for prompt_clock in (False, True):
+        ag = Ageing(AgeingRule(max_wait_beyond_fcfs_s=10.0, soft_share=1.0,
+                               prompt_clock=prompt_clock))
+        pool = _pool([1000, 1, 1])
+        ag.starving(pool, 2.0, 0)
+        ag.record(pool, 1, 2.0, assigned_tokens=1)
+        pool.remove("r1")
+        assert _tick(ag, pool, 11.9, []) == []
+        assert _tick(ag, pool, 12.0, []) == [("r0", True)]  # count turn t = 2: due 12

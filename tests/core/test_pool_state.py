@@ -96,6 +96,14 @@ def test_restore_puts_a_request_back_as_if_it_never_left(
     for req, overtaken in pool.fcfs_overtaken():
         newer = order[order.index(req.request_id) + 1:]
         assert overtaken == sum(r not in pool for r in newer), req.request_id
+    # the prompt-token clock: tokens through each request count every request added up
+    # to it, present or not; released tokens are those of the absent ones
+    size = {r.request_id: r.prompt_tokens for r in pool.fcfs()}
+    size.update({rid: req.prompt_tokens for rid, (req, _) in out.items()})
+    assert pool.released_tokens == sum(size[r] for r in order if r not in pool)
+    for req in pool.fcfs():
+        upto = order[: order.index(req.request_id) + 1]
+        assert pool.tokens_through(req.request_id) == sum(size[r] for r in upto)
 
 
 def test_restore_refuses_a_present_request() -> None:

@@ -66,6 +66,11 @@ class TickOptions(Options):
         "most overdue one go first by fit (the best F over every open replica), not "
         "oldest first: each has missed its deadline already, and placing them by fit "
         "frees the next slots sooner (None: oldest first, each to its best-F replica)")
+    ageing_prompt_clock: bool = option(
+        False, doc="fairness clock: a request's FCFS turn is the earlier of the moment "
+        "the pool had released as many requests as entered before it and the moment it "
+        "had released as many prompt tokens as entered up to it (False: the count "
+        "alone, which drifts behind FCFS's where the policy admits long requests first)")
     shallow_pool: bool = option(
         True, doc="when every pool request fits the free slots, place each (largest "
         "first) on its best-F replica, ties to the least (projected) load")
@@ -95,7 +100,8 @@ class TickOptions(Options):
                           ttft_backlog_s=self.ttft_budget_backlog_s,
                           ttft_queue_age_factor=self.ttft_budget_queue_age_factor,
                           # FCFS would have started it within the budget: online work
-                          ttft_online_wait_s=self.ttft_budget_s)
+                          ttft_online_wait_s=self.ttft_budget_s,
+                          prompt_clock=self.ageing_prompt_clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +238,7 @@ class BR0(PolicyBase[BR0Options]):
             hold_budget_s=c.hold_budget_ms / 1e3, hold_min_busy_share=c.hold_min_busy_share,
             hold_min_load_share=c.hold_min_load_share, now_s=now_s, idle=idle,
             size_caps=caps)
-        self.ageing.record(pool, len(res.assignments), now_s)
+        self.ageing.record(pool, len(res.assignments), now_s, sum(
+            pool.get(a.request_id).prompt_tokens for a in res.assignments))
         return res
 

@@ -156,7 +156,8 @@ class BRH(PolicyBase[BRHOptions]):
             hold_budget_s=c.hold_budget_ms / 1e3,
             hold_min_busy_share=c.hold_min_busy_share,
             hold_min_load_share=c.hold_min_load_share, now_s=now_s)
-        self.ageing.record(pool, len(res.assignments), now_s)
+        self.ageing.record(pool, len(res.assignments), now_s, sum(
+            pool.get(a.request_id).prompt_tokens for a in res.assignments))
         if ok and trusted:
             return res
         return res.flagged(ok, trusted)
