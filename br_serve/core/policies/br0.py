@@ -67,7 +67,7 @@ class TickOptions(Options):
         "oldest first: each has missed its deadline already, and placing them by fit "
         "frees the next slots sooner (None: oldest first, each to its best-F replica)")
     ageing_prompt_clock: bool = option(
-        False, doc="fairness clock: a request's FCFS turn is the earlier of the moment "
+        True, doc="fairness clock: a request's FCFS turn is the earlier of the moment "
         "the pool had released as many requests as entered before it and the moment it "
         "had released as many prompt tokens as entered up to it (False: the count "
         "alone, which drifts behind FCFS's where the policy admits long requests first)")
