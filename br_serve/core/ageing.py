@@ -107,6 +107,45 @@ def _share(waited_s: float, budget_s: float) -> float:
     return waited_s / budget_s
 
 
+class _Steps:
+    """A non-decreasing step series: ``keys[i]`` was first reached at ``values[i]``.
+
+    One shape serves the release count, the released prompt tokens and the entry count
+    (there the value is the oldest pool request's arrival). Keys below ``start`` are
+    no longer needed and are dropped in bulk once they are most of the list."""
+
+    __slots__ = ("keys", "start", "values")
+
+    def __init__(self) -> None:
+        self.keys: list[int] = []
+        self.values: list[float] = []
+        self.start = 0
+
+    def grows(self, key: int) -> bool:
+        return not self.keys or key > self.keys[-1]
+
+    def note(self, key: int, value: float) -> None:
+        if self.grows(key):
+            self.keys.append(key)
+            self.values.append(value)
+
+    def at(self, key: int) -> float | None:
+        """The value where ``key`` was first reached (None: not yet)."""
+        i = bisect_left(self.keys, key, self.start)
+        return self.values[i] if i < len(self.keys) else None
+
+    def forget_below(self, key: int | None) -> None:
+        """No caller needs keys below ``key`` any more (None: only the last one)."""
+        if key is None:
+            self.start = max(0, len(self.keys) - 1)
+        else:
+            self.start = max(self.start, bisect_left(self.keys, key, self.start))
+        if self.start > 1024 and self.start * 2 > len(self.keys):
+            del self.keys[: self.start]
+            del self.values[: self.start]
+            self.start = 0
+
+
 class Ageing:
     """The starving requests of a pool, and the release clock the FCFS rule needs.
 
@@ -115,59 +154,33 @@ class Ageing:
     only there.
     """
 
-    __slots__ = ("_counts", "_entered", "_head_arrival", "_hstart", "_start", "_times",
-                 "_tok_counts", "_tok_start", "_tok_times", "rule")
+    __slots__ = ("_entries", "_releases", "_tokens", "rule")
 
     def __init__(self, rule: AgeingRule) -> None:
         self.rule = rule
-        # release breakpoints: the pool's release count reached _counts[i] at _times[i]
-        self._counts: list[int] = []
-        self._times: list[float] = []
-        self._start = 0  # entries before it are no longer needed
-        # entry breakpoints: at the tick the pool's entry count first reached
-        # _entered[i], its oldest request had arrived at _head_arrival[i]
-        self._entered: list[int] = []
-        self._head_arrival: list[float] = []
-        self._hstart = 0
-        # prompt_clock: the pool's released prompt tokens reached _tok_counts[i] at
-        # _tok_times[i]
-        self._tok_counts: list[int] = []
-        self._tok_times: list[float] = []
-        self._tok_start = 0
+        self._releases = _Steps()  # release count -> when it was reached
+        self._tokens = _Steps()  # released prompt tokens -> when (prompt_clock)
+        # entry count -> the oldest pool request's arrival at the tick that first saw it
+        self._entries = _Steps()
 
     def tokens_released_at(self, tokens: int) -> float | None:
         """When the pool's released prompt tokens first reached ``tokens`` (None: not
         yet, or ``prompt_clock`` is off)."""
-        i = bisect_left(self._tok_counts, tokens, self._tok_start)
-        return self._tok_times[i] if i < len(self._tok_counts) else None
-
-    def _note_tokens(self, tokens: int, now_s: float) -> None:
-        if not self._tok_counts or tokens > self._tok_counts[-1]:
-            self._tok_counts.append(tokens)
-            self._tok_times.append(now_s)
+        return self._tokens.at(tokens)
 
     def head_arrival_at_entry(self, rank: int) -> float | None:
         """Arrival time of the oldest pool request at the first tick that saw the
         request of entry rank ``rank`` (None: not recorded)."""
-        i = bisect_left(self._entered, rank + 1, self._hstart)
-        return self._head_arrival[i] if i < len(self._entered) else None
+        return self._entries.at(rank + 1)
 
     def _note_entries(self, pool: PromptPool) -> None:
         entered = pool.released + len(pool)
-        if len(pool) and (not self._entered or entered > self._entered[-1]):
-            head = next(pool.fcfs())
-            self._entered.append(entered)
-            self._head_arrival.append(head.arrival_s)
+        if len(pool) and self._entries.grows(entered):
+            self._entries.note(entered, next(pool.fcfs()).arrival_s)
 
     def released_at(self, count: int) -> float | None:
         """When the pool's release count first reached ``count`` (None: not yet)."""
-        i = bisect_left(self._counts, count, self._start)
-        return self._times[i] if i < len(self._counts) else None
-
-    def _note(self, count: int, now_s: float) -> None:
-        if not self._counts or count > self._counts[-1]:
-            self._counts.append(count)
-            self._times.append(now_s)
+        return self._releases.at(count)
 
     def starving(self, pool: PromptPool, now_s: float, tick: int
                  ) -> Iterator[tuple[PoolRequest, float]]:
@@ -183,10 +196,10 @@ class Ageing:
         if kappa is not None:
             self._note_entries(pool)
         released = pool.released
-        self._note(released, now_s)  # releases made outside this policy's ticks
+        self._releases.note(released, now_s)  # releases made outside this policy's ticks
         tokens = r.prompt_clock
         if tokens:
-            self._note_tokens(pool.released_tokens, now_s)
+            self._tokens.note(pool.released_tokens, now_s)
         soft_left = r.soft_scan
         factor = r.fcfs_wait_factor
         look = r.soft_scan if factor != 1.0 else 0  # deadlines may not grow along FCFS
@@ -218,19 +231,6 @@ class Ageing:
             else:
                 return
 
-    def _forget_tokens(self, pool: PromptPool) -> None:
-        """Drop token breakpoints below the oldest pool request's (none needs them)."""
-        head = next(pool.fcfs(), None)
-        if head is None:
-            self._tok_start = max(0, len(self._tok_counts) - 1)
-        else:
-            self._tok_start = max(self._tok_start, bisect_left(
-                self._tok_counts, pool.tokens_through(head.request_id), self._tok_start))
-        if self._tok_start > 1024 and self._tok_start * 2 > len(self._tok_counts):
-            del self._tok_counts[: self._tok_start]
-            del self._tok_times[: self._tok_start]
-            self._tok_start = 0
-
     def _queued_online(self, req: PoolRequest, rank: int, turn: float,
                        kappa: float | None) -> bool:
         """Whether the queue ahead of ``req`` formed slowly enough for online work:
@@ -253,24 +253,12 @@ class Ageing:
         tokens at ``now_s`` (the caller removes them from the pool next; without the
         tokens, the prompt-token clock dates them at the next tick); forget breakpoints
         no pool request can need."""
-        self._note(pool.released + assigned, now_s)
+        self._releases.note(pool.released + assigned, now_s)
+        oldest = next(pool.fcfs(), None)
         if self.rule.prompt_clock:
-            self._note_tokens(pool.released_tokens + assigned_tokens, now_s)
-            self._forget_tokens(pool)
+            self._tokens.note(pool.released_tokens + assigned_tokens, now_s)
+            self._tokens.forget_below(
+                None if oldest is None else pool.tokens_through(oldest.request_id))
         head = pool.head_rank()
-        if head is None:
-            self._start = len(self._counts) - 1 if self._counts else 0
-        else:
-            self._start = max(self._start, bisect_left(self._counts, head + 1, self._start))
-        if self._entered:
-            h = len(self._entered) - 1 if head is None else bisect_left(
-                self._entered, head + 1, self._hstart)
-            self._hstart = max(self._hstart, h)
-            if self._hstart > 1024 and self._hstart * 2 > len(self._entered):
-                del self._entered[: self._hstart]
-                del self._head_arrival[: self._hstart]
-                self._hstart = 0
-        if self._start > 1024 and self._start * 2 > len(self._counts):
-            del self._counts[: self._start]
-            del self._times[: self._start]
-            self._start = 0
+        self._releases.forget_below(None if head is None else head + 1)
+        self._entries.forget_below(None if head is None else head + 1)

@@ -239,6 +239,6 @@ class BR0(PolicyBase[BR0Options]):
             hold_min_load_share=c.hold_min_load_share, now_s=now_s, idle=idle,
             size_caps=caps)
         self.ageing.record(pool, len(res.assignments), now_s, sum(
-            pool.get(a.request_id).prompt_tokens for a in res.assignments))
+            a.prompt_tokens for a in res.assignments))
         return res
 

@@ -157,7 +157,7 @@ class BRH(PolicyBase[BRHOptions]):
             hold_min_busy_share=c.hold_min_busy_share,
             hold_min_load_share=c.hold_min_load_share, now_s=now_s)
         self.ageing.record(pool, len(res.assignments), now_s, sum(
-            pool.get(a.request_id).prompt_tokens for a in res.assignments))
+            a.prompt_tokens for a in res.assignments))
         if ok and trusted:
             return res
         return res.flagged(ok, trusted)
